@@ -2,6 +2,9 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS spectral_cond EXPORT spectral_condTargets)
+if(TARGET spectral_cond_io)
+  install(TARGETS spectral_cond_io EXPORT spectral_condTargets)
+endif()
 install(DIRECTORY include/spectral_cond DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT spectral_condTargets NAMESPACE spectral_cond::
         DESTINATION ${CMAKE_INSTALL_DATADIR}/spectral_cond/cmake)
