@@ -1,0 +1,144 @@
+// spectral_cond::io: the I/O error type and atomic file writes (POSIX).
+//
+// A writer never leaves a half-written file where a reader could find it: the bytes go to a
+// temporary file in the target's directory (`path + ".tmp.XXXXXX"`, made by mkstemp), which is
+// flushed, fsync'ed and renamed over the target. On any error the temporary file is removed
+// and the target is left as it was.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace spectral_cond::io {
+
+/// Every failure to read or write a file: a one-line message that starts with the file's name,
+/// e.g. "X.npy: truncated: header says 3 x 4 float64 = 96 bytes of data, file has 40".
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+inline std::string errno_str(int err) { return std::strerror(err); }
+
+/// Directory part of `path` ("." when it has none), for the temporary file and the dir fsync.
+inline std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+/// Permissions for a new file: those of the existing target, else 0666 minus the umask (read
+/// from /proc/self/status where it is available, so the process umask is never changed).
+inline mode_t new_file_mode(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+    return static_cast<mode_t>(st.st_mode & 07777);
+  mode_t mask = 022;
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "Umask:") {
+      unsigned long value = 0;
+      if (status >> std::oct >> value) mask = static_cast<mode_t>(value & 0777);
+      break;
+    }
+    status.ignore(4096, '\n');
+  }
+  return static_cast<mode_t>(0666 & ~mask);
+}
+
+/// Removes the temporary file unless released; closes its stream.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& target) : target_(target) {
+    std::vector<char> tmpl(target.begin(), target.end());
+    const char suffix[] = ".tmp.XXXXXX";
+    tmpl.insert(tmpl.end(), suffix, suffix + sizeof(suffix));  // includes the '\0'
+    const int fd = ::mkstemp(tmpl.data());
+    if (fd < 0)
+      throw IoError(target + ": cannot create a temporary file in " + dir_of(target) + ": " +
+                    errno_str(errno));
+    path_ = tmpl.data();
+    file_ = ::fdopen(fd, "wb");
+    if (file_ == nullptr) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(path_.c_str());
+      throw IoError(target + ": cannot open the temporary file " + path_ + ": " + errno_str(err));
+    }
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (file_ != nullptr) std::fclose(file_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+
+  std::FILE* stream() const { return file_; }
+
+  /// Flushes, fsyncs, closes and renames over the target; throws IoError on any failure.
+  void commit() {
+    errno = 0;
+    if (std::fflush(file_) != 0 || std::ferror(file_) != 0) fail("write failed");
+    if (::fchmod(::fileno(file_), new_file_mode(target_)) != 0) fail("cannot set permissions");
+    if (::fsync(::fileno(file_)) != 0) fail("fsync failed");
+    std::FILE* f = file_;
+    file_ = nullptr;
+    if (std::fclose(f) != 0) fail("close failed");
+    if (std::rename(path_.c_str(), target_.c_str()) != 0) fail("cannot rename the temporary file");
+    committed_ = true;
+    // Make the rename itself durable; a failure here cannot undo it, so it is not an error.
+    const int dfd = ::open(dir_of(target_).c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    const int err = errno;
+    throw IoError(target_ + ": " + what + (err != 0 ? ": " + errno_str(err) : std::string()));
+  }
+
+  std::string target_, path_;
+  std::FILE* file_ = nullptr;
+  bool committed_ = false;
+};
+
+}  // namespace detail
+
+/// Writes `path` atomically. `write` fills the stream of a temporary file in the same directory
+/// (it may throw; IoError is the expected type); the file is then flushed, fsync'ed and renamed
+/// over `path`. On any error, including an exception from `write`, the temporary file is
+/// removed, `path` is untouched and the exception propagates (IoError for I/O failures).
+inline void atomic_write(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  if (path.empty()) throw IoError("(empty path): cannot write a file with an empty name");
+  detail::TempFile tmp(path);
+  write(tmp.stream());
+  tmp.commit();
+}
+
+/// Writes `size` bytes at `data` to `path` atomically (see atomic_write).
+inline void atomic_write_bytes(const std::string& path, const void* data, std::size_t size) {
+  atomic_write(path, [&](std::FILE* f) {
+    if (size > 0 && std::fwrite(data, 1, size, f) != size)
+      throw IoError(path + ": write failed: " + detail::errno_str(errno));
+  });
+}
+
+}  // namespace spectral_cond::io
