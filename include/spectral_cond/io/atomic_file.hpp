@@ -1,10 +1,12 @@
-// spectral_cond::io: the I/O error type and atomic file writes (POSIX).
+// spectral_cond::io: atomic file writes (POSIX).
 //
 // A writer never leaves a half-written file where a reader could find it: the bytes go to a
 // temporary file in the target's directory (`path + ".tmp.XXXXXX"`, made by mkstemp), which is
 // flushed, fsync'ed and renamed over the target. On any error the temporary file is removed
 // and the target is left as it was.
 #pragma once
+
+#include "spectral_cond/io/error.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,22 +18,16 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace spectral_cond::io {
 
-/// Every failure to read or write a file: a one-line message that starts with the file's name,
-/// e.g. "X.npy: truncated: header says 3 x 4 float64 = 96 bytes of data, file has 40".
-class IoError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 namespace detail {
 
-inline std::string errno_str(int err) { return std::strerror(err); }
+inline std::string errno_str(int err) {
+  return std::strerror(err);
+}
 
 /// Directory part of `path` ("." when it has none), for the temporary file and the dir fsync.
 inline std::string dir_of(const std::string& path) {

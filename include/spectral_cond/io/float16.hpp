@@ -55,34 +55,45 @@ std::uint32_t encode_binary(double x) {
   return sign | static_cast<std::uint32_t>(q);
 }
 
-/// Exact value of the binary format with E exponent and M mantissa bits.
+/// 2^k for |k| < 1000, as a constant expression.
+constexpr double pow2(int k) {
+  double v = 1.0;
+  for (; k > 0; --k) v *= 2.0;
+  for (; k < 0; ++k) v *= 0.5;
+  return v;
+}
+
+/// Exact value of the binary format with E <= 8 exponent and M <= 23 mantissa bits, built as a
+/// binary32 (which holds every such value exactly).
 template <int E, int M>
 double decode_binary(std::uint32_t bits) {
+  static_assert(E >= 2 && E <= 8 && M >= 1 && M <= 23, "format wider than binary32");
   constexpr int bias = (1 << (E - 1)) - 1;
   constexpr std::uint32_t exp_all = (std::uint32_t{1} << E) - 1;
-  const bool neg = ((bits >> (E + M)) & 1U) != 0;
+  constexpr double sub_unit = pow2(1 - bias - M);
+  const std::uint32_t sign = ((bits >> (E + M)) & 1U) << 31;
   const std::uint32_t ex = (bits >> M) & exp_all;
   const std::uint32_t man = bits & ((std::uint32_t{1} << M) - 1);
-  double v = 0;
+  std::uint32_t f = 0;
   if (ex == exp_all) {
-    v = man != 0 ? std::numeric_limits<double>::quiet_NaN()
-                 : std::numeric_limits<double>::infinity();
+    f = sign | 0x7F800000U | (man != 0 ? 0x00400000U | (man << (23 - M)) : 0U);
   } else if (ex == 0) {
-    v = static_cast<double>(man);
-    for (int k = 0; k < bias - 1 + M; ++k) v *= 0.5;  // man * 2^(1 - bias - M), exact
+    const double v = static_cast<double>(man) * sub_unit;
+    return sign != 0 ? -v : v;
   } else {
-    v = static_cast<double>(man | (std::uint32_t{1} << M));
-    int p = static_cast<int>(ex) - bias - M;
-    for (; p > 0; --p) v *= 2.0;
-    for (; p < 0; ++p) v *= 0.5;
+    f = sign | ((ex - static_cast<std::uint32_t>(bias) + 127U) << 23) | (man << (23 - M));
   }
-  return neg ? -v : v;
+  float out = 0;
+  std::memcpy(&out, &f, sizeof out);
+  return static_cast<double>(out);
 }
 
 }  // namespace detail
 
 /// IEEE 754 binary16 bits -> double (exact; subnormals, inf and NaN kept).
-inline double half_to_double(std::uint16_t h) { return detail::decode_binary<5, 10>(h); }
+inline double half_to_double(std::uint16_t h) {
+  return detail::decode_binary<5, 10>(h);
+}
 /// double -> binary16 bits, round to nearest even; |x| >= 65520 gives inf.
 inline std::uint16_t double_to_half(double x) {
   return static_cast<std::uint16_t>(detail::encode_binary<5, 10>(x));

@@ -18,6 +18,12 @@
 namespace spectral_cond {
 namespace io {
 
+/// A read-only byte range (C++17 stand-in for std::span<const std::uint8_t>).
+struct ByteView {
+  const std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+};
+
 /// Read-only bytes of a file, mapped with mmap(PROT_READ, MAP_PRIVATE). Nothing is read until a
 /// page is touched, so mapping a 10 GB shard costs address space, not memory. An empty file maps
 /// to (nullptr, 0). Throws IoError naming the file when it cannot be opened, is not a regular
@@ -74,6 +80,7 @@ class MappedFile {
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   const std::string& path() const { return path_; }
+  ByteView view() const { return {data_, size_}; }
 
  private:
   [[noreturn]] void fail(const char* what, int err = errno) const {

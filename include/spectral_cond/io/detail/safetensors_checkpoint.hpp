@@ -1,0 +1,205 @@
+// spectral_cond::io: Checkpoint, one interface over a single .safetensors file or a sharded
+// checkpoint (model.safetensors.index.json). Included by safetensors.hpp; do not include directly.
+#pragma once
+
+#include <spectral_cond/io/safetensors.hpp>
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace spectral_cond {
+namespace io {
+namespace detail {
+
+inline bool is_regular_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+inline bool is_directory(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+inline std::string join_path(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+/// A shard name from an index: relative, no "..", no empty name.
+inline bool safe_relative_name(const std::string& s) {
+  if (s.empty() || s.front() == '/' || s.find('\0') != std::string::npos) return false;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const auto k = std::min(s.find('/', start), s.size());
+    const std::string part = s.substr(start, k - start);
+    if (part == ".." || part.empty()) return false;
+    start = k + 1;
+  }
+  return true;
+}
+
+}  // namespace detail
+
+/// All tensors of a checkpoint: a single .safetensors file, a model.safetensors.index.json
+/// ("weight_map": tensor -> shard file, relative to the index's directory), or a directory
+/// holding model.safetensors.index.json or model.safetensors (or exactly one *.safetensors).
+/// Shards are memory-mapped on first use and stay mapped; nothing is read in bulk, so a 7B
+/// checkpoint can be analysed layer by layer. Shard opening is guarded by a mutex.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& path) : mutex_(std::make_unique<std::mutex>()) {
+    std::string p = path;
+    if (detail::is_directory(p)) p = pick_in_directory(p);
+    if (detail::ends_with(p, ".json")) {
+      open_index(p);
+    } else {
+      path_ = p;
+      shards_.push_back(std::make_unique<SafetensorsFile>(p));
+      shard_paths_.push_back(p);
+      for (const auto& t : shards_[0]->tensors()) weight_map_.emplace(t.name, 0);
+    }
+  }
+
+  /// The file opened: the .safetensors file or the index.
+  const std::string& path() const { return path_; }
+  bool sharded() const { return sharded_; }
+  /// Shard files, sorted by name.
+  const std::vector<std::string>& shard_paths() const { return shard_paths_; }
+
+  /// All tensor names, sorted.
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (const auto& kv : weight_map_) n.push_back(kv.first);
+    return n;
+  }
+  bool contains(const std::string& name) const { return weight_map_.count(name) != 0; }
+
+  /// The shard holding `name` (opened now if needed); IoError when the index lacks it.
+  const SafetensorsFile& shard_for(const std::string& name) const {
+    auto it = weight_map_.find(name);
+    if (it == weight_map_.end())
+      throw IoError(path_ + ": checkpoint: no tensor " + detail::quote(name));
+    return shard(it->second);
+  }
+
+  const TensorInfo& info(const std::string& name) const { return shard_for(name).info(name); }
+  ByteView bytes(const std::string& name) const { return shard_for(name).bytes(name); }
+  template <typename S>
+  Mat<S> matrix(const std::string& name) const {
+    return shard_for(name).template matrix<S>(name);
+  }
+  template <typename S>
+  std::vector<S> values(const std::string& name) const {
+    return shard_for(name).template values<S>(name);
+  }
+
+  /// Maps every shard now and checks the index against each (every tensor it names is there);
+  /// reads no tensor data. Without it, a bad shard is reported when first used.
+  void open_all() const {
+    for (std::size_t k = 0; k < shards_.size(); ++k) (void)shard(k);
+  }
+
+  /// "__metadata__" of the single file, or of the first shard of a sharded checkpoint.
+  const std::map<std::string, std::string>& metadata() const {
+    if (shard_paths_.empty()) return empty_metadata_;
+    return shard(0).metadata();
+  }
+
+ private:
+  static std::string pick_in_directory(const std::string& dir) {
+    for (const char* f : {"model.safetensors.index.json", "model.safetensors"}) {
+      const std::string c = detail::join_path(dir, f);
+      if (detail::is_regular_file(c)) return c;
+    }
+    // Otherwise exactly one *.safetensors.index.json, or else exactly one *.safetensors.
+    std::vector<std::string> indexes, files;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        if (detail::ends_with(n, ".safetensors.index.json")) indexes.push_back(n);
+        if (detail::ends_with(n, ".safetensors")) files.push_back(n);
+      }
+      ::closedir(d);
+    }
+    if (indexes.size() == 1) return detail::join_path(dir, indexes[0]);
+    if (indexes.empty() && files.size() == 1) return detail::join_path(dir, files[0]);
+    throw IoError(dir +
+                  ": checkpoint: directory holds no model.safetensors.index.json or "
+                  "model.safetensors, and not exactly one other index or .safetensors "
+                  "file");
+  }
+
+  void open_index(const std::string& p) {
+    path_ = p;
+    sharded_ = true;
+    const MappedFile f(p);
+    nlohmann::json j;
+    try {
+      const char* b = reinterpret_cast<const char*>(f.data());
+      j = nlohmann::json::parse(b, b + f.size());
+    } catch (const nlohmann::json::exception& ex) {
+      throw IoError(p + ": index: not valid JSON: " + detail::one_line(ex.what()));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw IoError(p + ": index: no \"weight_map\" object");
+    const std::string dir = detail::dir_of(p);
+    std::map<std::string, std::string> wm;          // tensor -> shard name
+    std::map<std::string, std::string> first_user;  // shard name -> a tensor naming it
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it->is_string())
+        throw IoError(p + ": index: shard of tensor " + detail::quote(it.key()) +
+                      " is not a string");
+      const std::string shard = it->get<std::string>();
+      if (!detail::safe_relative_name(shard))
+        throw IoError(p + ": index: tensor " + detail::quote(it.key()) + " names shard " +
+                      detail::quote(shard) + ", not a relative path inside the directory");
+      wm.emplace(it.key(), shard);
+      first_user.emplace(shard, it.key());
+    }
+    // Shards in name order (model-00001-of-N first); each must exist now, opened on first use.
+    std::map<std::string, std::size_t> shard_index;
+    for (const auto& kv : first_user) {
+      const std::string sp = detail::join_path(dir, kv.first);
+      if (!detail::is_regular_file(sp))
+        throw IoError(p + ": index: shard " + detail::quote(kv.first) + " of tensor " +
+                      detail::quote(kv.second) + " does not exist (" + sp + ")");
+      shard_index.emplace(kv.first, shard_paths_.size());
+      shard_paths_.push_back(sp);
+    }
+    for (const auto& kv : wm) weight_map_.emplace(kv.first, shard_index.at(kv.second));
+    shards_.resize(shard_paths_.size());
+  }
+
+  /// Opens shard k on first use and checks that it holds every tensor the index maps to it.
+  const SafetensorsFile& shard(std::size_t k) const {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    if (!shards_[k]) {
+      auto f = std::make_unique<SafetensorsFile>(shard_paths_[k]);
+      for (const auto& kv : weight_map_) {
+        if (kv.second == k && !f->contains(kv.first))
+          throw IoError(path_ + ": index: tensor " + detail::quote(kv.first) + " is not in shard " +
+                        shard_paths_[k]);
+      }
+      shards_[k] = std::move(f);
+    }
+    return *shards_[k];
+  }
+
+  std::string path_;
+  bool sharded_ = false;
+  std::vector<std::string> shard_paths_;
+  std::map<std::string, std::size_t> weight_map_;
+  mutable std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::unique_ptr<std::mutex> mutex_;
+  std::map<std::string, std::string> empty_metadata_;
+};
+
+}  // namespace io
+}  // namespace spectral_cond
