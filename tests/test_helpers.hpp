@@ -9,6 +9,18 @@
 #include <iostream>
 #include <random>
 
+// Under the sanitizers everything runs several times slower: tests shrink their largest cases.
+#if defined(__SANITIZE_ADDRESS__)
+#define SC_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SC_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef SC_TEST_SANITIZED
+#define SC_TEST_SANITIZED 0
+#endif
+
 namespace sc_test {
 
 using spectral_cond::Index;
