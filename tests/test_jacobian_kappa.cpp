@@ -1,0 +1,144 @@
+// κ(J) by dense, gram, iterative, qr and auto (MATH.md §3–4): the methods agree within their
+// stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
+#include <spectral_cond/jacobian_kappa.hpp>
+
+#include "test_helpers.hpp"
+
+using namespace spectral_cond;
+using sc_test::randn;
+
+namespace {
+struct Inst {
+  Mat<double> X, WQ, WK, WV;
+  AttentionOptions<double> opts;
+};
+Inst make(Index N, Index D, Index dk, Index dv, std::uint64_t seed, double wscale,
+          MaskKind mask = MaskKind::None) {
+  std::mt19937_64 rng(seed);
+  Inst in;
+  in.X = randn<double>(N, D, rng);
+  in.WQ = randn<double>(D, dk, rng, wscale);
+  in.WK = randn<double>(D, dk, rng, wscale);
+  in.WV = randn<double>(D, dv, rng, wscale);
+  in.opts.mask = mask;
+  return in;
+}
+double rel(double a, double b) {
+  return std::abs(a - b) / std::abs(b);
+}
+}  // namespace
+
+TEST_CASE("all methods agree with dense within their stated accuracy (wide J)") {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    INFO("seed=" << seed);
+    // Well-conditioned instance: larger weights, c = 1 make kappa moderate.
+    Inst in = make(6, 8, 4, 3, seed, 0.5, seed == 2 ? MaskKind::Causal : MaskKind::None);
+    JacobianKappaOptions jo;
+    jo.method = JacobianKappaMethod::Dense;
+    const auto dense = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+    REQUIRE(dense.info == Info::Success);
+    CHECK(dense.method.rfind("dense", 0) == 0);
+    for (auto m :
+         {JacobianKappaMethod::Gram, JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr}) {
+      jo.method = m;
+      const auto r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+      INFO("method " << to_string(m) << ": " << r.method << " / " << r.note);
+      CHECK(r.info == Info::Success);
+      CHECK(rel(r.sigma_max, dense.sigma_max) < 1e-10);
+      // Stated accuracy is honest: the true error is within a small multiple of it.
+      const double err = rel(r.sigma_min, dense.sigma_min);
+      CHECK(err <= 10 * r.accuracy + 1e-12);
+      CHECK(rel(r.kappa, dense.kappa) <= 10 * r.accuracy + 1e-10);
+    }
+  }
+}
+
+TEST_CASE("tall J is gauge-singular: kappa = +inf for every method, kappa_plus finite") {
+  // N d_v = 20 * 6 = 120 > 2 D d_k + D d_v = 2*3*2 + 3*6 = 30: tall.
+  Inst in = make(20, 3, 2, 6, 9, 0.7);
+  for (auto m : {JacobianKappaMethod::Dense, JacobianKappaMethod::Gram, JacobianKappaMethod::Qr}) {
+    JacobianKappaOptions jo;
+    jo.method = m;
+    const auto r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+    INFO(to_string(m) << ": " << r.note);
+    CHECK(std::isinf(r.kappa));
+    CHECK(r.info == Info::Singular);
+    if (m != JacobianKappaMethod::Gram) {
+      CHECK(std::isfinite(r.kappa_plus));
+      // The gauge null space has dimension d_k^2 = 4: rank <= 30 - 4.
+      CHECK(r.rank <= 26);
+    }
+  }
+}
+
+TEST_CASE("gram on a PyTorch-style instance: the stated eps*kappa^2 covers its true error") {
+  // X ~ N(0,1), W ~ N(0, 1/D), c = 1/sqrt(d_k): badly conditioned already at (16,16,16,16).
+  Inst in = make(16, 16, 16, 16, 2024, 0.25);
+  JacobianKappaOptions jo;
+  jo.method = JacobianKappaMethod::Dense;
+  const auto dense = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  jo.method = JacobianKappaMethod::Gram;
+  const auto gram = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  jo.method = JacobianKappaMethod::Qr;
+  const auto qr = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  MESSAGE("kappa(J) dense " << dense.kappa << ", gram " << gram.kappa << " (stated "
+                            << gram.accuracy << ", true " << rel(gram.sigma_min, dense.sigma_min)
+                            << "), qr " << qr.kappa << " (true "
+                            << rel(qr.sigma_min, dense.sigma_min) << ")");
+  CHECK(rel(gram.sigma_min, dense.sigma_min) <= 10 * gram.accuracy);
+  CHECK(rel(qr.sigma_min, dense.sigma_min) < 1e-9);
+  CHECK(gram.accuracy > qr.accuracy);
+}
+
+TEST_CASE("auto picks dense when small, and reports why; gram or qr by tolerance when large") {
+  Inst in = make(5, 6, 3, 2, 4, 0.5);
+  JacobianKappaOptions jo;
+  auto r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  CHECK(r.note.find("auto chose dense") != std::string::npos);
+  jo.dense_max_entries = 0;
+  jo.tol = 1e-300;  // nothing squared can meet this: qr
+  r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  CHECK(r.note.find("auto chose qr") != std::string::npos);
+  CHECK(r.method.find("qr") != std::string::npos);
+  jo.tol = 1.0;  // anything meets this: gram
+  r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  CHECK(r.note.find("auto chose gram") != std::string::npos);
+}
+
+TEST_CASE("NaN input is InvalidInput, float inputs work, bad options throw") {
+  Inst in = make(4, 5, 2, 2, 8, 0.5);
+  Mat<double> bad = in.X;
+  bad(1, 1) = std::numeric_limits<double>::quiet_NaN();
+  CHECK(kappa_jacobian(bad, in.WQ, in.WK, in.WV, in.opts).info == Info::InvalidInput);
+  const Mat<float> Xf = in.X.cast<float>(), Qf = in.WQ.cast<float>(), Kf = in.WK.cast<float>(),
+                   Vf = in.WV.cast<float>();
+  const auto rf = kappa_jacobian(Xf, Qf, Kf, Vf);
+  const auto rd = kappa_jacobian(Xf.cast<double>().eval(), Qf.cast<double>().eval(),
+                                 Kf.cast<double>().eval(), Vf.cast<double>().eval());
+  CHECK(rf.kappa == doctest::Approx(rd.kappa).epsilon(1e-6));  // c = 1/sqrt(d_k) rounded in float
+  JacobianKappaOptions jo;
+  jo.tol = -1;
+  CHECK_THROWS_AS(kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo), std::invalid_argument);
+  CHECK_THROWS_AS(parse_jacobian_kappa_method("svd"), std::invalid_argument);
+  CHECK(parse_jacobian_kappa_method("qr") == JacobianKappaMethod::Qr);
+}
+
+TEST_CASE("gram by Lanczos and Cholesky agrees with gram by a full eigensolve") {
+  Inst in = make(7, 9, 4, 3, 12, 0.5);
+  JacobianKappaOptions jo;
+  jo.method = JacobianKappaMethod::Gram;
+  const auto full = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  jo.gram_eig_max = 1;  // force the large-G route
+  const auto lan = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  INFO(lan.method << " / " << lan.note);
+  CHECK(lan.method.find("Cholesky") != std::string::npos);
+  CHECK(lan.info == Info::Success);
+  CHECK(rel(lan.sigma_max, full.sigma_max) < 1e-10);
+  CHECK(rel(lan.sigma_min, full.sigma_min) <= 10 * full.accuracy + 1e-10);
+  CHECK(lan.iterations > 0);
+  // Tall J: J^T J is singular (gauge directions), so its Cholesky fails: Singular, kappa = +inf.
+  Inst tall = make(20, 3, 2, 6, 9, 0.7);
+  const auto s = kappa_jacobian(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts, jo);
+  CHECK(std::isinf(s.kappa));
+  CHECK(s.info == Info::Singular);
+}
