@@ -1,0 +1,331 @@
+// The verifier (include/spectral_cond/verify.hpp): each checker on inputs where the statement
+// holds, on constructed inputs where its hypothesis fails (not applicable, not a failure), on
+// deliberately wrong claims (violated); the sweep's bookkeeping; and the JSON reports of
+// `kappa` and `verify` (apps/spectral-cond/report_json.hpp, documented in docs/cli.md).
+#include <spectral_cond/verify.hpp>
+
+#include "test_helpers.hpp"
+
+#if __has_include(<nlohmann/json.hpp>)
+#include "../apps/spectral-cond/report_json.hpp"
+#define SC_TEST_HAVE_JSON 1
+#endif
+
+using namespace spectral_cond;
+using sc_test::randn;
+
+namespace {
+constexpr std::uint64_t kSeed = 4242;
+}
+
+TEST_CASE("Theorem 3.5 checks hold on random, rank-deficient and tiny weights") {
+  INFO("seed " << kSeed);
+  std::mt19937_64 rng(kSeed);
+  for (auto [m, n] : {std::pair<Index, Index>{6, 3}, {3, 6}, {5, 5}, {1, 1}, {4, 1}}) {
+    const Mat<double> W = randn<double>(m, n, rng);
+    const CheckResult r = check_exact_correction(W);
+    CHECK(r.status == CheckStatus::Held);
+    CHECK(r.lhs <= 2.0 + 1e-12);
+    const CheckResult t = check_exact_correction_target(W, 1.5);
+    CHECK(t.status != CheckStatus::Violated);
+    if (t.status == CheckStatus::Held) CHECK(t.lhs == doctest::Approx(1.5).epsilon(1e-12));
+  }
+  Mat<double> W = randn<double>(5, 3, rng);
+  W.col(2) = W.col(0);  // rank 2: kappa(W + C) = 2 (up to rounding)
+  const CheckResult r = check_exact_correction(W);
+  CHECK(r.status == CheckStatus::Held);
+  CHECK(r.rhs == doctest::Approx(2.0).epsilon(1e-14));
+  CHECK(check_exact_correction(Mat<double>::Zero(3, 2)).status == CheckStatus::NotApplicable);
+  // A well-conditioned W (kappa 1.2) needs no correction towards t = 1.5: not applicable.
+  Mat<double> Wc = Mat<double>::Zero(3, 2);
+  Wc(0, 0) = 1.2;
+  Wc(1, 1) = 1.0;
+  CHECK(check_exact_correction_target(Wc, 1.5).status == CheckStatus::NotApplicable);
+  CHECK_THROWS_AS(check_exact_correction_target(Wc, 1.0), std::invalid_argument);
+}
+
+TEST_CASE("the Weyl check applies only for lambda > sigma_1 and then holds") {
+  std::mt19937_64 rng(kSeed + 1);
+  const Mat<double> W = randn<double>(6, 3, rng, 0.1);
+  const double s = singular_values(W)(0);
+  CHECK(check_weyl(W, 0.0).status == CheckStatus::NotApplicable);
+  CHECK(check_weyl(W, 0.5 * s).status == CheckStatus::NotApplicable);
+  for (double lambda : {1.01 * s, 2 * s, 10.0, 1e6}) {
+    const CheckResult r = check_weyl(W, lambda);
+    INFO("lambda " << lambda);
+    CHECK(r.status == CheckStatus::Held);
+    CHECK(r.rhs == doctest::Approx((lambda + s) / (lambda - s)).epsilon(1e-14));
+  }
+  // MATH.md §7's example W = diag(-9.9, 5): kappa(W + 10 I) = 150 > kappa(W) = 1.98, yet
+  // lambda = 10 > s = 9.9, and Weyl's bound 19.9 / 0.1 = 199 covers it.
+  Mat<double> D = Mat<double>::Zero(2, 2);
+  D(0, 0) = -9.9;
+  D(1, 1) = 5;
+  const CheckResult r = check_weyl(D, 10.0);
+  CHECK(r.status == CheckStatus::Held);
+  CHECK(r.lhs == doctest::Approx(150.0).epsilon(1e-12));
+  CHECK(r.rhs == doctest::Approx(199.0).epsilon(1e-12));
+}
+
+TEST_CASE("Kronecker identity: holds for equal orientations, not applicable otherwise") {
+  std::mt19937_64 rng(kSeed + 2);
+  const Mat<double> A = randn<double>(2, 3, rng), B = randn<double>(3, 4, rng);
+  // The convention of MATH.md §1: vec(A X B) = (B^T ⊗ A) vec(X).
+  const Mat<double> X = randn<double>(3, 3, rng);
+  const Mat<double> AXB = A * X * B;
+  const Vec<double> lhs = Eigen::Map<const Vec<double>>(AXB.data(), AXB.size());
+  const Vec<double> rhs = kronecker(B.transpose(), A) * Eigen::Map<const Vec<double>>(X.data(), 9);
+  CHECK(sc_test::rel_err(lhs, rhs) < 1e-13);
+
+  CHECK(check_kronecker(A, B).status == CheckStatus::Held);
+  const Mat<double> At = A.transpose(), Bt = B.transpose();
+  CHECK(check_kronecker(At, Bt).status == CheckStatus::Held);
+  CHECK(check_kronecker(randn<double>(3, 3, rng), B).status == CheckStatus::Held);
+  // Opposite orientations: A ⊗ B^T is 8 x 9 with only 4 nonzero singular values.
+  const CheckResult r = check_kronecker(A, Bt);
+  CHECK(r.status == CheckStatus::NotApplicable);
+  CHECK(r.detail.find("opposite orientations") != std::string::npos);
+  CHECK(std::isinf(kappa(kronecker(A, Bt)).kappa));
+  // A singular factor: both sides are +inf.
+  Mat<double> S = A;
+  S.row(1) = S.row(0);
+  CHECK(check_kronecker(S, B).status == CheckStatus::Held);
+}
+
+TEST_CASE("concatenation bound: full row rank blocks hold; others are 'hypothesis not met'") {
+  std::mt19937_64 rng(kSeed + 3);
+  std::vector<Mat<double>> blocks = {randn<double>(3, 3, rng), randn<double>(3, 5, rng),
+                                     randn<double>(3, 4, rng, 1e-3)};
+  const CheckResult r = check_concatenation(blocks);
+  CHECK(r.status == CheckStatus::Held);
+  CHECK(r.lhs <= r.rhs);
+  // Not of full row rank: a tall block (rank 2 < 3 rows) and a rank-deficient wide block.
+  std::vector<Mat<double>> tall = {randn<double>(3, 2, rng), randn<double>(3, 4, rng)};
+  const CheckResult t = check_concatenation(tall);
+  CHECK(t.status == CheckStatus::NotApplicable);
+  CHECK(t.detail.find("hypothesis not met") != std::string::npos);
+  Mat<double> def = randn<double>(3, 5, rng);
+  def.row(2) = def.row(1);
+  CHECK(check_concatenation({def, randn<double>(3, 3, rng)}).status == CheckStatus::NotApplicable);
+  // Without the hypothesis the conclusion can fail: [e_1 | e_1 + 1e-8 e_2] is 2 x 2 with
+  // kappa about 2e8, while each 2 x 1 block has kappa 1. The checker claims nothing there.
+  Mat<double> e1 = Mat<double>::Zero(2, 1), e12 = Mat<double>::Zero(2, 1);
+  e1(0, 0) = 1;
+  e12(0, 0) = 1;
+  e12(1, 0) = 1e-8;
+  Mat<double> both(2, 2);
+  both << e1, e12;
+  CHECK(kappa(both).kappa > 1e7);
+  CHECK(kappa(e1).kappa + kappa(e12).kappa == doctest::Approx(2.0));
+  CHECK(check_concatenation({e1, e12}).status == CheckStatus::NotApplicable);
+  CHECK_THROWS_AS(check_concatenation({randn<double>(2, 2, rng), randn<double>(3, 3, rng)}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(check_concatenation({}), std::invalid_argument);
+}
+
+TEST_CASE("Theorem 3.4 with kappa_plus is classified against rounding") {
+  Theorem34Report t;
+  for (ConditionResult<double>* r : {&t.X, &t.Lambda, &t.WQ, &t.WK, &t.WV, &t.P, &t.J})
+    r->kappa_plus = 2;
+  const VerifyShape s{4, 8, 4, 4};
+  t.bound_plus = 100;
+  t.J.kappa_plus = 50;
+  CHECK(classify_theorem34_plus(t, s).verdict == BoundVerdict::Held);
+  t.J.kappa_plus = 200;
+  BoundClassification c = classify_theorem34_plus(t, s);
+  CHECK(c.verdict == BoundVerdict::Violated);
+  CHECK(c.ratio == doctest::Approx(0.5));
+  CHECK(c.acc_J == doctest::Approx(10 * 96 * sc_test::eps<double>() * 200));
+  // Within rounding of each other: inconclusive, either way.
+  t.J.kappa_plus = 100 * (1 + 1e-15);
+  CHECK(classify_theorem34_plus(t, s).verdict == BoundVerdict::Inconclusive);
+  // kappa_plus(J) at the noise level (1 / (max(m, n) eps)): meaningless, inconclusive.
+  t.J.kappa_plus = 1 / (10 * 96 * sc_test::eps<double>());
+  CHECK(classify_theorem34_plus(t, s).verdict == BoundVerdict::Inconclusive);
+  // A factor at the noise level makes the bound meaningless.
+  t.J.kappa_plus = 50;
+  t.Lambda.kappa_plus = 1e15;
+  CHECK(classify_theorem34_plus(t, s).verdict == BoundVerdict::Inconclusive);
+  // An undefined kappa_plus (zero matrix): inconclusive.
+  t.Lambda.kappa_plus = 2;
+  t.J.kappa_plus = std::numeric_limits<double>::quiet_NaN();
+  CHECK(classify_theorem34_plus(t, s).verdict == BoundVerdict::Inconclusive);
+}
+
+TEST_CASE("instances are deterministic and follow their regime") {
+  const VerifyRegime reg{ShapeClass::Wide, LogitScale::InvSqrtDk, WeightScale::Small,
+                         MaskKind::Causal, 2.0};
+  const VerifyShape shape{4, 8, 4, 3};
+  const VerifyInstance a = make_verify_instance(reg, shape, 99),
+                       b = make_verify_instance(reg, shape, 99);
+  CHECK(a.X == b.X);
+  CHECK(a.W_V == b.W_V);
+  CHECK(a.A == b.A);
+  CHECK(a.X.rows() == 4);
+  CHECK(a.W_Q.cols() == 4);
+  CHECK(a.W_V.cols() == 3);
+  CHECK(a.c == doctest::Approx(0.5));
+  CHECK(a.weight_scale == 0.02);
+  const Mat<double> corrected = a.corrected(a.W_Q);
+  CHECK((corrected - a.W_Q - 2.0 * Mat<double>::Identity(8, 4)).norm() == 0.0);
+  CHECK(make_verify_instance(reg, shape, 100).X != a.X);
+  CHECK(verify_instance_seed(1, 0, 0) != verify_instance_seed(1, 0, 1));
+  CHECK(verify_instance_seed(1, 0, 0) != verify_instance_seed(1, 1, 0));
+  CHECK(verify_instance_seed(1, 3, 2) == verify_instance_seed(1, 3, 2));
+}
+
+TEST_CASE("a tiny sweep runs, its counts add up, and every proven statement holds") {
+  VerifyOptions o;
+  o.seed = kSeed;
+  o.instances_per_regime = 2;
+  o.shapes = {{3, 5, 2, 2}, {4, 4, 2, 2}, {6, 3, 1, 2}};
+  o.logit_scales = {LogitScale::One};
+  o.weight_scales = {WeightScale::Small, WeightScale::One};
+  o.lambdas = {0, 10};
+  double last = 0;
+  Index calls = 0;
+  o.progress = [&](double f) {
+    CHECK(f >= last);
+    last = f;
+    ++calls;
+  };
+  const VerifyReport rep = verify_sweep(o);
+  INFO("seed " << o.seed);
+  const Index regimes = 3 * 1 * 2 * 2 * 2;
+  CHECK(rep.regimes.size() == static_cast<size_t>(regimes));
+  CHECK(rep.instances == regimes * 2);
+  CHECK(calls == rep.instances);
+  CHECK(last == doctest::Approx(1.0));
+  Index theorem34_violations = 0;
+  for (const RegimeStats& s : rep.regimes) {
+    CHECK(s.instances == 2);
+    CHECK(s.held + s.violated == s.instances);
+    CHECK(s.held_plus + s.violated_plus + s.inconclusive_plus == s.instances);
+    CHECK(s.vacuous == s.instances);  // kappa(𝚲) = +inf always
+    CHECK(s.held == s.instances);     // hence the plain bound always holds
+    CHECK(s.proven_failures == 0);
+    theorem34_violations += s.violated_plus;
+  }
+  // Three checks of 3.5 (each form) and of Weyl per instance (W_Q, W_K, W_V); one of each lemma.
+  CHECK(rep.theorem35.total() == 3 * rep.instances);
+  CHECK(rep.theorem35_target.total() == 3 * rep.instances);
+  CHECK(rep.weyl.total() == 3 * rep.instances);
+  CHECK(rep.kronecker.total() == rep.instances);
+  CHECK(rep.concatenation.total() == rep.instances);
+  CHECK(rep.concatenation_J.total() == rep.instances);
+  CHECK(rep.proven_ok());
+  CHECK(rep.theorem35.violated == 0);
+  CHECK(rep.theorem35_target.violated == 0);
+  CHECK(rep.weyl.violated == 0);
+  CHECK(rep.kronecker.violated == 0);
+  CHECK(rep.concatenation.violated == 0);
+  CHECK(rep.concatenation_J.violated == 0);
+  CHECK(rep.weyl.held > 0);            // lambda = 10 > sigma_1 for the 0.02-scale weights
+  CHECK(rep.weyl.not_applicable > 0);  // lambda = 0
+  CHECK(rep.theorem35.held > 0);
+  CHECK(static_cast<Index>(rep.violations.size()) == theorem34_violations);
+  for (const VerifyViolation& v : rep.violations) {
+    CHECK(!v.proven);
+    CHECK(v.statement == "theorem34_plus");
+  }
+  // Deterministic: the same options give the same report.
+  o.progress = nullptr;
+  const VerifyReport again = verify_sweep(o);
+  REQUIRE(again.regimes.size() == rep.regimes.size());
+  for (size_t i = 0; i < rep.regimes.size(); ++i) {
+    CHECK(again.regimes[i].held_plus == rep.regimes[i].held_plus);
+    CHECK((again.regimes[i].worst_ratio_plus == rep.regimes[i].worst_ratio_plus ||
+           std::isnan(rep.regimes[i].worst_ratio_plus)));
+  }
+  o.instances_per_regime = 0;
+  CHECK_THROWS_AS(verify_sweep(o), std::invalid_argument);
+}
+
+#ifdef SC_TEST_HAVE_JSON
+TEST_CASE("kappa JSON has the documented keys and writes +inf as \"inf\"") {
+  using spectral_cond::cli::json_number;
+  CHECK(json_number(std::numeric_limits<double>::infinity()) == "inf");
+  CHECK(json_number(-std::numeric_limits<double>::infinity()) == "-inf");
+  CHECK(json_number(std::numeric_limits<double>::quiet_NaN()) == "nan");
+  CHECK(json_number(1.5) == 1.5);
+
+  std::mt19937_64 rng(kSeed + 5);
+  Mat<double> M = randn<double>(4, 3, rng);
+  M.col(2) = M.col(1);
+  const nlohmann::json jm = cli::kappa_json("matrix", 4, 3, kappa(M));
+  for (const char* k :
+       {"input", "rows", "cols", "sigma_max", "sigma_min", "kappa", "kappa_plus", "sigma_min_plus",
+        "rank", "rank_tol", "method", "accuracy", "iterations", "residual", "info", "note"})
+    CHECK_MESSAGE(jm.contains(k), k);
+  CHECK(jm["kappa"] == "inf");
+  CHECK(jm["rank"] == 2);
+  CHECK(jm["kappa_plus"].is_number());
+  CHECK(jm["info"] == "singular");
+
+  const Mat<double> X = randn<double>(3, 5, rng), WQ = randn<double>(5, 2, rng, 0.4);
+  const Mat<double> WK = randn<double>(5, 2, rng, 0.4), WV = randn<double>(5, 2, rng, 0.4);
+  const Theorem34Report t = theorem34(X, WQ, WK, WV);
+  const nlohmann::json jb = cli::kappa_json("attention", 6, 30, t.J, &t, VerifyShape{3, 5, 2, 2});
+  for (const char* k : {"kappa_X",
+                        "kappa_plus_X",
+                        "kappa_Lambda",
+                        "kappa_plus_Lambda",
+                        "kappa_WQ",
+                        "kappa_plus_WQ",
+                        "kappa_WK",
+                        "kappa_plus_WK",
+                        "kappa_WV",
+                        "kappa_plus_WV",
+                        "kappa_P",
+                        "kappa_plus_P",
+                        "kappa_JQ",
+                        "kappa_plus_JQ",
+                        "kappa_JK",
+                        "kappa_plus_JK",
+                        "kappa_JV",
+                        "kappa_plus_JV",
+                        "bound",
+                        "bound_plus",
+                        "ratio",
+                        "ratio_plus",
+                        "holds",
+                        "holds_plus",
+                        "vacuous",
+                        "verdict",
+                        "verdict_plus",
+                        "kappa_plus_accuracy",
+                        "bound_plus_accuracy"})
+    CHECK_MESSAGE(jb.contains(k), k);
+  CHECK(jb["kappa_Lambda"] == "inf");
+  CHECK(jb["bound"] == "inf");
+  CHECK(jb["vacuous"] == true);
+  CHECK(jb["bound_plus"].is_number());
+  CHECK((jb["verdict_plus"] == "held" || jb["verdict_plus"] == "violated" ||
+         jb["verdict_plus"] == "inconclusive"));
+}
+
+TEST_CASE("verify JSON has the documented keys") {
+  VerifyOptions o;
+  o.instances_per_regime = 1;
+  o.shapes = {{3, 4, 2, 2}};
+  o.logit_scales = {LogitScale::One};
+  o.weight_scales = {WeightScale::InvSqrtD};
+  o.masks = {MaskKind::None};
+  o.lambdas = {0};
+  const nlohmann::json j = cli::verify_json(verify_sweep(o));
+  for (const char* k : {"seed", "instances_per_regime", "instances", "proven_ok", "proven",
+                        "theorem34", "regimes", "violations"})
+    CHECK_MESSAGE(j.contains(k), k);
+  CHECK(j["proven_ok"] == true);
+  CHECK(j["regimes"].size() == 1);
+  for (const char* k :
+       {"shape_class", "c", "weight_scale", "mask", "lambda", "instances", "held", "violated",
+        "vacuous", "held_plus", "violated_plus", "inconclusive_plus", "kappa_J_infinite",
+        "worst_ratio", "worst_ratio_plus", "max_ratio_plus", "proven_failures"})
+    CHECK_MESSAGE(j["regimes"][0].contains(k), k);
+  CHECK(j["regimes"][0]["shape_class"] == "N<D");
+  for (const char* k :
+       {"theorem35", "theorem35_target", "weyl", "kronecker", "concatenation", "concatenation_J"})
+    CHECK_MESSAGE(j["proven"].contains(k), k);
+}
+#endif
