@@ -56,6 +56,9 @@ struct BoundOptions {
   JacobianKappaOptions jacobian;  ///< how κ(J) is computed (default auto)
   bool blocks = true;             ///< also κ(J_Q), κ(J_K), κ(J_V)
   double rtol = -1;               ///< rank tolerance for every kappa_plus (< 0: default)
+  /// κ(J) computed elsewhere (for instance on a GPU by cuda::kappa_jacobian_batched), used as
+  /// is instead of kappa_jacobian; must belong to the same inputs. Not owned.
+  const ConditionResult<double>* jacobian_result = nullptr;
 };
 
 /// Everything Theorem 3.4 mentions, and the verdicts.
@@ -126,7 +129,9 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
   const AttentionCache<double> cache = attention_forward(in.X, in.WQ, in.WK, in.WV, in.opts);
   r.P = kappa(cache.P, ko);
   r.Lambda = softmax_jacobian_condition<double>(cache.P, bo.rtol);
-  r.J = kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  r.J = bo.jacobian_result != nullptr
+            ? *bo.jacobian_result
+            : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
   if (bo.blocks) {
     r.have_blocks = true;
     r.JQ = detail::block_condition(in, JacobianBlock::Q, jo);

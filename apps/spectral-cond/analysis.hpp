@@ -1,0 +1,331 @@
+// spectral-cond: the analysis behind `analyze` and `demo` (docs/checkpoints.md): for each
+// attention layer of a checkpoint, the condition numbers of W_Q, W_K, W_V (MATH.md §4, §8), after
+// the λ I_k correction in both placements with the Weyl bound (§7), after the exact correction
+// (§6), and optionally per head κ(J) with every term of Theorem 3.4 (§5). Layers are read one at
+// a time from a CheckpointSource, so only the current layer's tensors are in memory.
+#pragma once
+
+#include "checkpoint_source.hpp"
+#include "device.hpp"
+
+#include <spectral_cond/bound.hpp>
+#include <spectral_cond/corrections.hpp>
+#include <spectral_cond/io/synthetic.hpp>
+#include <spectral_cond/kappa.hpp>
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace spectral_cond::cli {
+
+/// What to compute. Every field is a command-line option of `analyze` (docs/checkpoints.md).
+struct AnalysisOptions {
+  std::string layout = "auto";
+  std::int64_t heads = 0;        ///< 0: from config.json
+  std::int64_t kv_heads = 0;     ///< 0: from config.json, else = heads
+  double lambda = 10;            ///< λ of W + λ I_k (MATH.md §7)
+  std::optional<double> target;  ///< target κ of the exact correction (none: 2 σ_1 / (σ_1 + σ_r))
+  bool per_head = false;         ///< also every head's D x d block
+  std::string layers;            ///< "0,3,5-7"; empty: all
+  bool jacobian = false;         ///< κ(J) and Theorem 3.4 per head
+  std::string inputs;            ///< X.npy (N x D); empty: synthetic tokens
+  Index tokens = 64;             ///< N of the synthetic tokens
+  std::uint64_t seed = 0;        ///< seed of the synthetic tokens
+  JacobianKappaMethod method = JacobianKappaMethod::Auto;
+  double tol = 1e-6;
+  std::optional<double> scale;  ///< logit scale; none: 1/sqrt(d_k)
+  bool causal = false;
+  bool blocks = false;                    ///< also κ(J_Q), κ(J_K), κ(J_V)
+  std::set<std::int64_t> jacobian_heads;  ///< heads for κ(J); empty: all
+  bool verbose = false;                   ///< log every tensor read on stderr
+  std::string device = "cpu";             ///< cuda: κ(J) of the heads batched on the GPU
+};
+
+/// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
+struct CorrectedKappa {
+  double sigma_max = 0, sigma_min = 0, kappa = 0;
+  bool weyl_applies = false;  ///< E has unit singular values and λ > σ_1(W)
+  double weyl_bound = std::numeric_limits<double>::quiet_NaN();  ///< (λ + s)/(λ - s)
+};
+
+/// One projection (whole, or one head's block).
+struct MatrixStats {
+  std::string role;    ///< "W_Q", "W_K", "W_V"
+  std::string tensor;  ///< checkpoint tensor it comes from
+  io::Dtype dtype = io::Dtype::F32;
+  ConditionResult<double> cond;  ///< of W
+  CorrectedKappa fused, per_head;
+  double exact_kappa = 0, exact_predicted = 0, exact_alpha = 0;
+};
+
+struct HeadStats {
+  Index head = 0, kv_head = 0;
+  MatrixStats q, k, v;
+};
+
+struct JacobianStats {
+  Index head = 0, kv_head = 0;
+  Theorem34Report report;
+  double seconds = 0;
+};
+
+struct LayerStats {
+  io::AttentionLayerSpec spec;
+  io::LayerHeads heads;
+  MatrixStats q, k, v;
+  std::vector<HeadStats> per_head;
+  std::vector<JacobianStats> jacobian;
+};
+
+struct CheckpointReport {
+  std::string path;
+  SourceKind kind = SourceKind::Safetensors;
+  io::Layout layout = io::Layout::Auto;
+  io::HeadConfig head_config;
+  double lambda = 10;
+  std::optional<double> target;
+  Index tokens = 0;                                         ///< N of X for κ(J) (0: no Jacobian)
+  std::string inputs;                                       ///< "X.npy" or "synthetic (seed S)"
+  double scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN: 1/sqrt(d_k)
+  bool causal = false;
+  std::vector<LayerStats> layers;
+};
+
+namespace detail_an {
+
+inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Mat<double>& E, double lambda,
+                                      double s) {
+  const Mat<double> Wc = W + lambda * E;
+  const Vec<double> sv = singular_values(Wc);
+  const ConditionResult<double> c = condition_from_singular_values<double>(sv, W.rows(), W.cols());
+  CorrectedKappa r;
+  r.sigma_max = c.sigma_max;
+  r.sigma_min = c.sigma_min;
+  r.kappa = c.kappa;
+  r.weyl_applies = lambda > s && spectral_cond::detail::has_unit_singular_values<double>(E);
+  if (r.weyl_applies) r.weyl_bound = (lambda + s) / (lambda - s);
+  return r;
+}
+
+}  // namespace detail_an
+
+/// The statistics of W (D x width) or of one head's block of it. `E_fused` and `E_per_head`
+/// are the matching blocks of the two placements of MATH.md §7; `same_placements` skips the
+/// second SVD when they are equal (one head, or head 0).
+inline MatrixStats matrix_stats(const std::string& role, const std::string& tensor, io::Dtype dtype,
+                                const Mat<double>& W, const Mat<double>& E_fused,
+                                const Mat<double>& E_per_head, bool same_placements, double lambda,
+                                const std::optional<double>& target) {
+  MatrixStats m;
+  m.role = role;
+  m.tensor = tensor;
+  m.dtype = dtype;
+  const ThinSvd<double> svd = thin_svd(W);
+  const std::string method =
+      std::min(W.rows(), W.cols()) <= auto_jacobi_max_size ? "jacobi_svd" : "bdc_svd";
+  m.cond = condition_from_singular_values<double>(svd.S, W.rows(), W.cols(), {}, method);
+  const ExactCorrection<double> ex = exact_correction_from_svd<double>(W, svd, target);
+  m.exact_kappa = ex.kappa_after;
+  m.exact_predicted = ex.kappa_predicted;
+  m.exact_alpha = ex.alpha;
+  m.fused = detail_an::corrected_kappa(W, E_fused, lambda, m.cond.sigma_max);
+  m.per_head = same_placements
+                   ? m.fused
+                   : detail_an::corrected_kappa(W, E_per_head, lambda, m.cond.sigma_max);
+  return m;
+}
+
+/// Progress callback: fraction of the whole analysis done, in [0, 1].
+using ProgressFn = std::function<void(double)>;
+
+/// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
+/// file and tensor for anything unusable.
+inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
+                                           const ProgressFn& progress = {}) {
+  CheckpointSource src(path);
+  CheckpointReport rep;
+  rep.path = path;
+  rep.kind = src.kind();
+  rep.lambda = o.lambda;
+  rep.target = o.target;
+  rep.causal = o.causal;
+  if (o.scale) rep.scale = *o.scale;
+  const io::LayoutMatch match =
+      io::detect_layers(src.layout_view(), io::parse_layout(o.layout), path);
+  rep.layout = match.layout;
+
+  io::HeadConfig hc;
+  if (o.heads > 0) {
+    hc.heads = o.heads;
+    hc.kv_heads = o.kv_heads;
+    hc.source = "--heads";
+  } else {
+    const std::string cfg = io::detail::join_path(src.directory(), "config.json");
+    if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
+    if (o.kv_heads > 0) hc.kv_heads = o.kv_heads;
+  }
+  rep.head_config = hc;
+
+  const std::set<std::int64_t> sel = parse_layer_selection(o.layers);
+  std::vector<const io::AttentionLayerSpec*> todo;
+  for (const auto& L : match.layers)
+    if (sel.empty() || sel.count(L.index)) todo.push_back(&L);
+  for (std::int64_t i : sel) {
+    bool found = false;
+    for (const auto& L : match.layers) found = found || L.index == i;
+    if (!found)
+      throw BadInput(path + ": --layers: there is no attention layer " + std::to_string(i) +
+                     " (the checkpoint has " + std::to_string(match.layers.size()) + ")");
+  }
+
+  // The inputs X of the Jacobian analysis.
+  Mat<double> X;
+  if (o.jacobian && !o.inputs.empty()) {
+    X = load_matrix(o.inputs, "X");
+    rep.inputs = o.inputs;
+  } else if (o.jacobian) {
+    if (o.tokens < 1)
+      throw BadInput("--tokens must be >= 1 (got " + std::to_string(o.tokens) + ")");
+    rep.inputs = "synthetic (seed " + std::to_string(o.seed) + ")";
+  }
+
+  // Heads of every selected layer, checked before any tensor is read.
+  std::vector<io::LayerHeads> lh;
+  for (const auto* L : todo) lh.push_back(io::resolve_heads(*L, hc, path));
+
+  double units = 0, done = 0;
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    units += 1;
+    if (o.jacobian)
+      units += static_cast<double>(o.jacobian_heads.empty()
+                                       ? lh[i].heads
+                                       : static_cast<std::int64_t>(o.jacobian_heads.size()));
+  }
+  auto tick = [&](double n) {
+    done += n;
+    if (progress) progress(units > 0 ? done / units : 1.0);
+  };
+
+  for (std::size_t li = 0; li < todo.size(); ++li) {
+    const io::AttentionLayerSpec& L = *todo[li];
+    const io::LayerHeads& H = lh[li];
+    LayerStats ls;
+    ls.spec = L;
+    ls.heads = H;
+    // Read this layer's tensors once each (q, k, v may share one fused tensor).
+    std::map<std::string, Mat<double>> tensors;
+    auto proj = [&](const io::ProjectionSlot& s) {
+      auto it = tensors.find(s.tensor);
+      if (it == tensors.end()) {
+        if (o.verbose)
+          std::cerr << "spectral-cond: reading " << s.tensor << " from " << src.file_of(s.tensor)
+                    << '\n';
+        it = tensors.emplace(s.tensor, src.matrix(s.tensor)).first;
+      }
+      return io::extract_projection(s, it->second);
+    };
+    const Mat<double> WQ = proj(L.q), WK = proj(L.k), WV = proj(L.v);
+    tensors.clear();
+    const Index D = L.D;
+    auto whole = [&](const std::string& role, const io::ProjectionSlot& s, const Mat<double>& W,
+                     Index nh, Index d) {
+      const Mat<double> Ef = Mat<double>::Identity(D, W.cols());
+      const Mat<double> Ep = lambda_identity<double>(D, nh, d, Placement::PerHead);
+      return matrix_stats(role, s.tensor, src.dtype(s.tensor), W, Ef, Ep, nh == 1, o.lambda,
+                          o.target);
+    };
+    ls.q = whole("W_Q", L.q, WQ, H.heads, H.d_k);
+    ls.k = whole("W_K", L.k, WK, H.kv_heads, H.d_k);
+    ls.v = whole("W_V", L.v, WV, H.kv_heads, H.d_v);
+
+    if (o.per_head) {
+      auto head_block = [&](const std::string& role, const io::ProjectionSlot& s,
+                            const Mat<double>& W, Index j, Index d) {
+        const Mat<double> Ef = Mat<double>::Identity(D, W.cols()).middleCols(j * d, d);
+        const Mat<double> Ep = Mat<double>::Identity(D, d);
+        return matrix_stats(role, s.tensor, src.dtype(s.tensor), W.middleCols(j * d, d), Ef, Ep,
+                            j == 0, o.lambda, o.target);
+      };
+      std::vector<MatrixStats> ks, vs;
+      for (Index g = 0; g < H.kv_heads; ++g) {
+        ks.push_back(head_block("W_K", L.k, WK, g, H.d_k));
+        vs.push_back(head_block("W_V", L.v, WV, g, H.d_v));
+      }
+      const Index group = H.heads / H.kv_heads;
+      for (Index h = 0; h < H.heads; ++h) {
+        HeadStats hs;
+        hs.head = h;
+        hs.kv_head = h / group;
+        hs.q = head_block("W_Q", L.q, WQ, h, H.d_k);
+        hs.k = ks[static_cast<std::size_t>(hs.kv_head)];
+        hs.v = vs[static_cast<std::size_t>(hs.kv_head)];
+        ls.per_head.push_back(std::move(hs));
+      }
+    }
+    tick(1);
+
+    if (o.jacobian) {
+      if (X.size() == 0) X = io::synthetic_tokens(o.tokens, D, o.seed);
+      if (X.cols() != D)
+        throw BadInput((o.inputs.empty() ? std::string("synthetic tokens") : o.inputs) +
+                       ": X must be N x D with D = " + std::to_string(D) + " (layer " +
+                       std::to_string(L.index) + ", tensor " + L.q.tensor + "), got " +
+                       shape_str(X.rows(), X.cols()));
+      rep.tokens = X.rows();
+      AttentionOptions<double> ao;
+      ao.scale = o.scale;
+      ao.mask = o.causal ? MaskKind::Causal : MaskKind::None;
+      BoundOptions bo;
+      bo.blocks = o.blocks;
+      bo.jacobian.method = o.method;
+      bo.jacobian.tol = o.tol;
+      const Index group = H.heads / H.kv_heads;
+      // --device cuda: κ(J) of every selected head in one batch on the GPU; the other terms of
+      // Theorem 3.4 on the CPU.
+      std::vector<ConditionResult<double>> device_J;
+      if (o.device == "cuda") {
+        std::vector<Mat<double>> qs, kvs_k, kvs_v;
+        for (Index h = 0; h < H.heads; ++h) {
+          if (!o.jacobian_heads.empty() && !o.jacobian_heads.count(h)) continue;
+          const Index g = h / group;
+          qs.push_back(WQ.middleCols(h * H.d_k, H.d_k));
+          kvs_k.push_back(WK.middleCols(g * H.d_k, H.d_k));
+          kvs_v.push_back(WV.middleCols(g * H.d_v, H.d_v));
+        }
+        AttentionOptions<double> dao = ao;
+        dao.scale = ao.resolved_scale(H.d_k);
+        if (!qs.empty()) device_J = device_kappa_jacobian(X, qs, kvs_k, kvs_v, dao, bo.jacobian);
+      }
+      std::size_t next_device = 0;
+      for (Index h = 0; h < H.heads; ++h) {
+        if (!o.jacobian_heads.empty() && !o.jacobian_heads.count(h)) continue;
+        if (!device_J.empty()) bo.jacobian_result = &device_J[next_device++];
+        const Index g = h / group;
+        const auto t0 = std::chrono::steady_clock::now();
+        JacobianStats js;
+        js.head = h;
+        js.kv_head = g;
+        const Mat<double> q = WQ.middleCols(h * H.d_k, H.d_k), k = WK.middleCols(g * H.d_k, H.d_k),
+                          v = WV.middleCols(g * H.d_v, H.d_v);
+        js.report = theorem34<double>(X, q, k, v, ao, bo);
+        if (js.report.J.info == Info::InvalidInput)
+          throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +
+                                 std::to_string(h) + ": kappa(J) could not be computed (" +
+                                 js.report.J.note + ")");
+        js.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ls.jacobian.push_back(std::move(js));
+        tick(1);
+      }
+    }
+    rep.layers.push_back(std::move(ls));
+  }
+  return rep;
+}
+
+}  // namespace spectral_cond::cli

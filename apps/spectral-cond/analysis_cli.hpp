@@ -1,0 +1,38 @@
+// spectral-cond: the command-line options `analyze` and `demo` share.
+#pragma once
+
+#include "analysis.hpp"
+#include "cli.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+namespace spectral_cond::cli {
+
+/// The options `analyze` and `demo` share.
+inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
+  cmd->add_option("--layout", o.layout,
+                  "tensor layout: auto (default), torch-mha, timm, hf-bert, "
+                  "gpt2, llama")
+      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
+  cmd->add_option("--heads", o.heads, "number of attention heads (default: config.json)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", o.kv_heads,
+                  "key/value heads of grouped-query models (default: "
+                  "config.json, else --heads)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--lambda", o.lambda, "lambda of W + lambda I_k (default 10)");
+  cmd->add_flag("--per-head", o.per_head, "also report every head's D x d_k block");
+  cmd->add_option("--layers", o.layers, "layers to analyse, e.g. 0,3,5-7 (default all)");
+  cmd->add_flag("--jacobian", o.jacobian, "also kappa(J) and Theorem 3.4 for every head");
+  cmd->add_option("--inputs", o.inputs, "X for --jacobian: N x D .npy (default: --tokens)");
+  cmd->add_option("--tokens", o.tokens, "N synthetic LayerNorm-like tokens (default 64)");
+  cmd->add_option("--seed", o.seed, "seed of the synthetic tokens (default 0)");
+  cmd->add_option("--tol", o.tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
+  cmd->add_flag("--blocks", o.blocks, "with --jacobian, also kappa(J_Q), kappa(J_K), kappa(J_V)");
+  cmd->add_flag("--verbose", o.verbose, "log every tensor read (and its file) on stderr");
+}
+
+}  // namespace spectral_cond::cli

@@ -1,0 +1,285 @@
+// spectral-cond: the three output formats of `analyze` (json, csv, table), documented field by
+// field in docs/checkpoints.md. JSON numbers are written with round-trip precision; +inf and
+// -inf are the strings "inf" and "-inf", NaN (undefined) is "nan" (as in docs/cli.md).
+#pragma once
+
+#include "analysis.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace spectral_cond::cli {
+
+/// The version of the JSON and CSV layouts; bumped on any incompatible change.
+inline constexpr int kAnalyzeFormatVersion = 1;
+
+namespace detail_fmt {
+
+inline nlohmann::json num(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+
+inline nlohmann::json corrected_json(const CorrectedKappa& c) {
+  return {{"sigma_max", num(c.sigma_max)},
+          {"sigma_min", num(c.sigma_min)},
+          {"kappa", num(c.kappa)},
+          {"weyl_applies", c.weyl_applies},
+          {"weyl_bound", num(c.weyl_bound)},
+          {"weyl_holds", c.weyl_applies ? nlohmann::json(c.kappa <= c.weyl_bound * (1 + 1e-12))
+                                        : nlohmann::json(nullptr)}};
+}
+
+inline nlohmann::json cond_json(const ConditionResult<double>& c) {
+  return {{"sigma_max", num(c.sigma_max)},
+          {"sigma_min", num(c.sigma_min)},
+          {"kappa", num(c.kappa)},
+          {"kappa_plus", num(c.kappa_plus)},
+          {"rank", c.rank},
+          {"method", c.method},
+          {"accuracy", num(c.accuracy)},
+          {"info", to_string(c.info)},
+          {"note", c.note}};
+}
+
+inline nlohmann::json matrix_json(const MatrixStats& m) {
+  return {{"tensor", m.tensor},
+          {"dtype", io::to_string(m.dtype)},
+          {"sigma_max", num(m.cond.sigma_max)},
+          {"sigma_min", num(m.cond.sigma_min)},
+          {"kappa", num(m.cond.kappa)},
+          {"rank", m.cond.rank},
+          {"svd", m.cond.method},
+          {"lambda_fused", corrected_json(m.fused)},
+          {"lambda_per_head", corrected_json(m.per_head)},
+          {"exact",
+           {{"kappa", num(m.exact_kappa)},
+            {"predicted", num(m.exact_predicted)},
+            {"alpha", num(m.exact_alpha)}}}};
+}
+
+inline nlohmann::json jacobian_json(const JacobianStats& j) {
+  const Theorem34Report& r = j.report;
+  nlohmann::json out = {{"head", j.head},
+                        {"kv_head", j.kv_head},
+                        {"seconds", j.seconds},
+                        {"J", cond_json(r.J)},
+                        {"theorem34",
+                         {{"kappa_X", cond_json(r.X)},
+                          {"kappa_Lambda", cond_json(r.Lambda)},
+                          {"kappa_WQ", cond_json(r.WQ)},
+                          {"kappa_WK", cond_json(r.WK)},
+                          {"kappa_WV", cond_json(r.WV)},
+                          {"kappa_P", cond_json(r.P)},
+                          {"bound", num(r.bound)},
+                          {"bound_plus", num(r.bound_plus)},
+                          {"ratio", num(r.ratio)},
+                          {"ratio_plus", num(r.ratio_plus)},
+                          {"holds", r.holds},
+                          {"holds_plus", r.holds_plus},
+                          {"vacuous", r.vacuous},
+                          {"verdict", r.verdict}}}};
+  if (r.have_blocks)
+    out["blocks"] = {{"J_Q", cond_json(r.JQ)}, {"J_K", cond_json(r.JK)}, {"J_V", cond_json(r.JV)}};
+  return out;
+}
+
+inline nlohmann::json shape_json(const MatrixStats& m, Index rows, Index cols) {
+  nlohmann::json j = matrix_json(m);
+  j["shape"] = {rows, cols};
+  return j;
+}
+
+}  // namespace detail_fmt
+
+inline nlohmann::json report_json(const CheckpointReport& rep) {
+  using namespace detail_fmt;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerStats& L : rep.layers) {
+    const Index D = L.spec.D;
+    nlohmann::json l = {{"index", L.spec.index},
+                        {"prefix", L.spec.prefix},
+                        {"D", D},
+                        {"heads", L.heads.heads},
+                        {"kv_heads", L.heads.kv_heads},
+                        {"d_k", L.heads.d_k},
+                        {"d_v", L.heads.d_v},
+                        {"W_Q", shape_json(L.q, D, L.spec.q.width)},
+                        {"W_K", shape_json(L.k, D, L.spec.k.width)},
+                        {"W_V", shape_json(L.v, D, L.spec.v.width)}};
+    if (!L.per_head.empty()) {
+      nlohmann::json hs = nlohmann::json::array();
+      for (const HeadStats& h : L.per_head)
+        hs.push_back({{"head", h.head},
+                      {"kv_head", h.kv_head},
+                      {"W_Q", shape_json(h.q, D, L.heads.d_k)},
+                      {"W_K", shape_json(h.k, D, L.heads.d_k)},
+                      {"W_V", shape_json(h.v, D, L.heads.d_v)}});
+      l["per_head"] = hs;
+    }
+    if (!L.jacobian.empty()) {
+      nlohmann::json js = nlohmann::json::array();
+      for (const JacobianStats& j : L.jacobian) js.push_back(jacobian_json(j));
+      l["jacobian"] = js;
+    }
+    layers.push_back(l);
+  }
+  return {{"path", rep.path},
+          {"source", to_string(rep.kind)},
+          {"layout", io::to_string(rep.layout)},
+          {"heads_from", rep.head_config.source},
+          {"lambda", rep.lambda},
+          {"target", rep.target ? nlohmann::json(*rep.target) : nlohmann::json(nullptr)},
+          {"tokens", rep.tokens},
+          {"inputs", rep.inputs},
+          {"scale", num(rep.scale)},
+          {"mask", rep.causal ? "causal" : "none"},
+          {"layers", layers}};
+}
+
+/// The whole JSON document for several checkpoints.
+inline std::string reports_json(const std::vector<CheckpointReport>& reps) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& r : reps) all.push_back(report_json(r));
+  const nlohmann::json doc = {{"tool", "spectral-cond analyze"},
+                              {"format_version", kAnalyzeFormatVersion},
+                              {"checkpoints", all}};
+  return doc.dump(2) + "\n";
+}
+
+namespace detail_fmt {
+
+inline std::string g(double x, int prec = 17) {
+  if (std::isnan(x)) return "";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::ostringstream s;
+  s << std::setprecision(prec) << x;
+  return s.str();
+}
+
+inline std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+}  // namespace detail_fmt
+
+/// One CSV row per (checkpoint, layer, head, matrix) and per Jacobian (matrix "J").
+inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
+  using detail_fmt::csv_field;
+  using detail_fmt::g;
+  std::ostringstream o;
+  o << "checkpoint,layer,head,kv_head,matrix,tensor,rows,cols,sigma_max,sigma_min,kappa,"
+       "kappa_plus,rank,kappa_lambda_fused,weyl_bound_fused,kappa_lambda_per_head,"
+       "weyl_bound_per_head,kappa_exact,kappa_exact_predicted,method,bound,bound_plus,"
+       "holds_plus\n";
+  for (const auto& rep : reps) {
+    for (const LayerStats& L : rep.layers) {
+      auto row = [&](const std::string& head, const std::string& kv, const MatrixStats& m,
+                     Index cols) {
+        o << csv_field(rep.path) << ',' << L.spec.index << ',' << head << ',' << kv << ',' << m.role
+          << ',' << csv_field(m.tensor) << ',' << L.spec.D << ',' << cols << ','
+          << g(m.cond.sigma_max) << ',' << g(m.cond.sigma_min) << ',' << g(m.cond.kappa) << ','
+          << g(m.cond.kappa_plus) << ',' << m.cond.rank << ',' << g(m.fused.kappa) << ','
+          << g(m.fused.weyl_bound) << ',' << g(m.per_head.kappa) << ',' << g(m.per_head.weyl_bound)
+          << ',' << g(m.exact_kappa) << ',' << g(m.exact_predicted) << ',' << m.cond.method
+          << ",,,\n";
+      };
+      row("all", "all", L.q, L.spec.q.width);
+      row("all", "all", L.k, L.spec.k.width);
+      row("all", "all", L.v, L.spec.v.width);
+      for (const HeadStats& h : L.per_head) {
+        const std::string hh = std::to_string(h.head), kk = std::to_string(h.kv_head);
+        row(hh, kk, h.q, L.heads.d_k);
+        row(hh, kk, h.k, L.heads.d_k);
+        row(hh, kk, h.v, L.heads.d_v);
+      }
+      for (const JacobianStats& j : L.jacobian) {
+        const auto& J = j.report.J;
+        o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head
+          << ",J,," << jacobian_rows(rep.tokens, L.heads.d_v) << ','
+          << jacobian_cols(JacobianBlock::All, rep.tokens, L.spec.D, L.heads.d_k, L.heads.d_v)
+          << ',' << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ','
+          << g(J.kappa_plus) << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ','
+          << g(j.report.bound) << ',' << g(j.report.bound_plus) << ','
+          << (j.report.holds_plus ? "true" : "false") << '\n';
+      }
+    }
+  }
+  return o.str();
+}
+
+/// A human-readable table, with a legend.
+inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
+  using detail_fmt::g;
+  std::ostringstream o;
+  auto k = [](double x) { return detail_fmt::g(x, 4); };
+  auto weyl = [&](const CorrectedKappa& c) {
+    return k(c.kappa) + (c.weyl_applies ? " (<=" + k(c.weyl_bound) + ")" : " (no bound)");
+  };
+  for (const auto& rep : reps) {
+    o << rep.path << ": " << to_string(rep.kind) << ", layout " << io::to_string(rep.layout) << ", "
+      << rep.layers.size() << " layer(s) analysed, heads from " << rep.head_config.source
+      << ", lambda = " << rep.lambda << "\n\n";
+    o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(5) << "W"
+      << std::setw(11) << "shape" << std::right << std::setw(11) << "sigma_max" << std::setw(11)
+      << "sigma_min" << std::setw(11) << "kappa" << std::setw(24) << "+lambda I fused"
+      << std::setw(24) << "+lambda I per-head" << std::setw(10) << "exact" << '\n';
+    for (const LayerStats& L : rep.layers) {
+      auto row = [&](const std::string& head, const MatrixStats& m, Index cols) {
+        o << std::left << std::setw(6) << L.spec.index << std::setw(6) << head << std::setw(5)
+          << m.role.substr(2) << std::setw(11)
+          << (std::to_string(L.spec.D) + "x" + std::to_string(cols)) << std::right << std::setw(11)
+          << k(m.cond.sigma_max) << std::setw(11) << k(m.cond.sigma_min) << std::setw(11)
+          << k(m.cond.kappa) << std::setw(24) << weyl(m.fused) << std::setw(24) << weyl(m.per_head)
+          << std::setw(10) << k(m.exact_kappa) << '\n';
+      };
+      row("all", L.q, L.spec.q.width);
+      row("all", L.k, L.spec.k.width);
+      row("all", L.v, L.spec.v.width);
+      for (const HeadStats& h : L.per_head) {
+        row(std::to_string(h.head), h.q, L.heads.d_k);
+        if (h.head % (L.heads.heads / L.heads.kv_heads) == 0) {
+          row(std::to_string(h.head), h.k, L.heads.d_k);
+          row(std::to_string(h.head), h.v, L.heads.d_v);
+        }
+      }
+    }
+    bool any_j = false;
+    for (const LayerStats& L : rep.layers) any_j = any_j || !L.jacobian.empty();
+    if (any_j) {
+      o << "\nJacobian of each head (N = " << rep.tokens << " tokens, " << rep.inputs
+        << "), Theorem 3.4 with kappa_plus:\n";
+      o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::right
+        << std::setw(11) << "kappa(J)" << std::setw(11) << "kappa+(J)" << std::setw(7) << "rank"
+        << std::setw(10) << "kappa(X)" << std::setw(10) << "k+(Lam)" << std::setw(10) << "k(W_Q)"
+        << std::setw(10) << "k(W_K)" << std::setw(10) << "k(W_V)" << std::setw(10) << "k+(P)"
+        << std::setw(11) << "bound+" << std::setw(7) << "holds"
+        << "  method\n";
+      for (const LayerStats& L : rep.layers)
+        for (const JacobianStats& j : L.jacobian) {
+          const Theorem34Report& r = j.report;
+          std::string m = r.J.method;
+          o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right
+            << std::setw(11) << k(r.J.kappa) << std::setw(11) << k(r.J.kappa_plus) << std::setw(7)
+            << r.J.rank << std::setw(10) << k(r.X.kappa) << std::setw(10) << k(r.Lambda.kappa_plus)
+            << std::setw(10) << k(r.WQ.kappa) << std::setw(10) << k(r.WK.kappa) << std::setw(10)
+            << k(r.WV.kappa) << std::setw(10) << k(r.P.kappa_plus) << std::setw(11)
+            << k(r.bound_plus) << std::setw(7) << (r.holds_plus ? "yes" : "NO") << "  " << m << " ("
+            << g(j.seconds, 3) << " s)\n";
+        }
+    }
+    o << '\n';
+  }
+  return o.str();
+}
+
+}  // namespace spectral_cond::cli

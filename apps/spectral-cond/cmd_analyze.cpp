@@ -1,0 +1,107 @@
+// spectral-cond analyze: condition numbers of the attention projections of real checkpoints,
+// before and after the paper's corrections, and optionally of each head's Jacobian with every
+// term of Theorem 3.4 (MATH.md §4–8). Formats and fields: docs/checkpoints.md.
+//
+//   spectral-cond analyze CHECKPOINT... [--layout auto|torch-mha|timm|hf-bert|gpt2|llama]
+//        [--heads H] [--kv-heads G] [--lambda 10] [--target T] [--per-head] [--layers 0,3,5-7]
+//        [--jacobian [--inputs X.npy | --tokens 64 --seed 0] [--method auto|dense|gram|
+//         iterative|qr] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
+//         [--jacobian-heads 0,1]]
+//        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
+#include "analysis_cli.hpp"
+#include "analysis_format.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "progress.hpp"
+
+#include <spectral_cond/io/atomic_file.hpp>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spectral_cond::cli {
+
+namespace {
+
+struct AnalyzeArgs {
+  std::vector<std::string> checkpoints;
+  AnalysisOptions opts;
+  std::string method = "auto", mask = "none", jacobian_heads;
+  double target = 0;
+  double scale = 0;
+  std::string format = "table", out, device = "cpu";
+  bool quiet = false;
+};
+
+void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set) {
+  AnalysisOptions& o = a.opts;
+  if (!(std::isfinite(o.lambda) && o.lambda >= 0))
+    throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(o.lambda) + ")");
+  if (target_set) {
+    if (!(std::isfinite(a.target) && a.target > 1))
+      throw BadInput("--target must be finite and > 1 (got " + std::to_string(a.target) + ")");
+    o.target = a.target;
+  }
+  if (scale_set) {
+    if (!(std::isfinite(a.scale) && a.scale > 0))
+      throw BadInput("--scale must be finite and > 0 (got " + std::to_string(a.scale) + ")");
+    o.scale = a.scale;
+  }
+  if (!(a.opts.tol > 0)) throw BadInput("--tol must be > 0");
+  o.method = parse_jacobian_kappa_method(a.method);
+  require_device(a.device, o.method);
+  o.device = a.device;
+  o.causal = a.mask == "causal";
+  o.jacobian_heads = parse_layer_selection(a.jacobian_heads);
+
+  std::vector<CheckpointReport> reps;
+  for (std::size_t i = 0; i < a.checkpoints.size(); ++i) {
+    Progress bar("analyze " + a.checkpoints[i], !a.quiet);
+    reps.push_back(analyze_checkpoint(a.checkpoints[i], o, [&](double f) { bar.update(f); }));
+    bar.done();
+  }
+  const std::string text = a.format == "json"  ? reports_json(reps)
+                           : a.format == "csv" ? reports_csv(reps)
+                                               : reports_table(reps);
+  if (a.out.empty()) {
+    std::cout << text << std::flush;
+  } else {
+    io::atomic_write_bytes(a.out, text.data(), text.size());
+    if (!a.quiet) std::cerr << "spectral-cond: report written to " << a.out << '\n';
+  }
+}
+
+}  // namespace
+
+void register_analyze(CLI::App& app) {
+  auto a = std::make_shared<AnalyzeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "analyze", "kappa of W_Q, W_K, W_V in checkpoints, before and after the corrections");
+  cmd->add_option("checkpoint", a->checkpoints,
+                  "a .safetensors file, a sharded *.index.json, a directory, or an .npz")
+      ->required();
+  add_analysis_options(cmd, a->opts);
+  cmd->add_option("--target", a->target,
+                  "target kappa of the exact correction (default: none, "
+                  "kappa = 2 sigma_1/(sigma_1 + sigma_r))");
+  cmd->add_option("--method", a->method,
+                  "kappa(J) method: auto (default), dense, gram, "
+                  "iterative, qr")
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr"}));
+  cmd->add_option("--scale", a->scale, "logit scale c (default 1/sqrt(d_k))");
+  cmd->add_option("--mask", a->mask, "mask for --jacobian: none (default) or causal")
+      ->check(CLI::IsMember({"none", "causal"}));
+  cmd->add_option("--jacobian-heads", a->jacobian_heads, "heads for --jacobian (default all)");
+  cmd->add_option("--format", a->format, "table (default), json or csv")
+      ->check(CLI::IsMember({"table", "json", "csv"}));
+  cmd->add_option("--out", a->out, "write the report to FILE (atomically) instead of stdout");
+  cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->add_option("--device", a->device, "cpu (default) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->callback(
+      [a, cmd] { run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0); });
+}
+
+}  // namespace spectral_cond::cli

@@ -1,0 +1,240 @@
+// spectral-cond correct: folds the paper's corrections into a checkpoint's W_Q, W_K, W_V and
+// writes a new safetensors file (MATH.md §6–8; docs/checkpoints.md).
+//
+//   spectral-cond correct CHECKPOINT --method lambda|exact [--lambda 10] [--target T]
+//        [--placement fused|per-head] [--layout ...] [--heads H] [--kv-heads G]
+//        [--layers 0,3,5-7] --out NEW.safetensors [--quiet] [--verbose]
+//
+//   lambda, fused     W + λ I(D, width)               (head j receives its d-slice of I)
+//   lambda, per-head  W + λ [I(D, d) | … | I(D, d)]   (every head its own top identity)
+//   exact,  fused     W + C(W), C of Theorem 3.5 for the whole D x width projection
+//   exact,  per-head  each head's D x d block W_j + C(W_j)
+//
+// Every other tensor is copied byte for byte, the modified ones are written in their own dtype,
+// the "__metadata__" is kept as it is, and the file is written atomically (temporary file and
+// rename). A sharded input is written as one single output file. The output may not be the
+// input (or one of its shards), also through a link.
+#include "analysis.hpp"
+#include "checkpoint_source.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "progress.hpp"
+
+#include <spectral_cond/corrections.hpp>
+#include <spectral_cond/io/safetensors.hpp>
+
+#include <sys/stat.h>
+
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace spectral_cond::cli {
+namespace {
+
+struct CorrectArgs {
+  std::string checkpoint, out, method = "lambda", placement = "fused";
+  std::string layout = "auto", layers;
+  std::int64_t heads = 0, kv_heads = 0;
+  double lambda = 10, target = 0;
+  bool quiet = false, verbose = false;
+};
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+/// Every file the source reads from, for the overwrite check.
+std::vector<std::string> input_files(const CheckpointSource& src) {
+  std::vector<std::string> files{src.path()};
+  if (const io::Checkpoint* c = src.checkpoint()) {
+    files.push_back(c->path());
+    for (const auto& s : c->shard_paths()) files.push_back(s);
+  } else if (src.kind() == SourceKind::NpyDir) {
+    for (const auto& n : src.names()) files.push_back(src.file_of(n));
+  }
+  return files;
+}
+
+/// W corrected by the chosen method and placement (see the top of this file).
+Mat<double> corrected(const Mat<double>& W, Index heads, Index d, const CorrectArgs& a,
+                      const std::optional<double>& target) {
+  const bool per_head = a.placement == "per-head";
+  if (a.method == "lambda") {
+    const Mat<double> E = per_head ? lambda_identity<double>(W.rows(), heads, d, Placement::PerHead)
+                                   : Mat<double>(Mat<double>::Identity(W.rows(), W.cols()));
+    return W + a.lambda * E;
+  }
+  if (!per_head) return exact_correction(W, target).W_corrected;
+  Mat<double> out = W;
+  for (Index j = 0; j < heads; ++j)
+    out.middleCols(j * d, d) =
+        exact_correction(Mat<double>(W.middleCols(j * d, d)), target).W_corrected;
+  return out;
+}
+
+/// The bytes of an npz / npy-dir tensor re-encoded in row-major order as `dtype` (exact: the
+/// values came from that dtype).
+std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
+                                       const std::string& file) {
+  if (!arr.fortran_order || arr.ndim() <= 1)
+    return io::encode_values(arr.data.data(), arr.data.size(), dtype);
+  if (arr.ndim() == 2) return io::encode_matrix(arr.to_matrix(), dtype);
+  throw BadInput(file + ": tensor " + io::detail::quote(arr.name) +
+                 ": Fortran-order arrays of more than 2 dimensions cannot be written back");
+}
+
+void run_correct(const CorrectArgs& a, bool target_set) {
+  if (!(std::isfinite(a.lambda) && a.lambda >= 0))
+    throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(a.lambda) + ")");
+  std::optional<double> target;
+  if (target_set) {
+    if (!(std::isfinite(a.target) && a.target > 1))
+      throw BadInput("--target must be finite and > 1 (got " + std::to_string(a.target) + ")");
+    if (a.method != "exact") throw BadInput("--target applies to --method exact only");
+    target = a.target;
+  }
+  const CheckpointSource src(a.checkpoint);
+  for (const std::string& f : input_files(src))
+    if (f == a.out || same_file(f, a.out))
+      throw BadInput(a.out + ": refusing to overwrite the input checkpoint (" + f + ")");
+
+  const io::LayoutMatch match =
+      io::detect_layers(src.layout_view(), io::parse_layout(a.layout), a.checkpoint);
+  io::HeadConfig hc;
+  if (a.heads > 0) {
+    hc.heads = a.heads;
+    hc.kv_heads = a.kv_heads;
+    hc.source = "--heads";
+  } else {
+    const std::string cfg = io::detail::join_path(src.directory(), "config.json");
+    if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
+    if (a.kv_heads > 0) hc.kv_heads = a.kv_heads;
+  }
+  const std::set<std::int64_t> sel = parse_layer_selection(a.layers);
+  for (std::int64_t i : sel) {
+    bool found = false;
+    for (const auto& L : match.layers) found = found || L.index == i;
+    if (!found)
+      throw BadInput(a.checkpoint + ": --layers: there is no attention layer " + std::to_string(i));
+  }
+
+  // The corrected tensors, encoded in their dtype. Layer by layer: one layer's tensors in memory.
+  std::map<std::string, std::vector<std::uint8_t>> modified;
+  std::vector<const io::AttentionLayerSpec*> todo;
+  for (const auto& L : match.layers)
+    if (sel.empty() || sel.count(L.index)) todo.push_back(&L);
+  Progress bar("correct " + a.checkpoint, !a.quiet);
+  std::size_t n_done = 0;
+  for (const io::AttentionLayerSpec* Lp : todo) {
+    const io::AttentionLayerSpec& L = *Lp;
+    const io::LayerHeads H = io::resolve_heads(L, hc, a.checkpoint);
+    std::map<std::string, Mat<double>> tensors;
+    for (const io::ProjectionSlot* s : {&L.q, &L.k, &L.v}) {
+      if (tensors.count(s->tensor)) continue;
+      if (modified.count(s->tensor))
+        throw BadInput(a.checkpoint + ": tensor " + io::detail::quote(s->tensor) +
+                       " belongs to two attention layers");
+      if (a.verbose)
+        std::cerr << "spectral-cond: reading " << s->tensor << " from " << src.file_of(s->tensor)
+                  << '\n';
+      tensors.emplace(s->tensor, src.matrix(s->tensor));
+    }
+    auto fix = [&](const io::ProjectionSlot& s, Index heads, Index d) {
+      Mat<double>& T = tensors.at(s.tensor);
+      const Mat<double> W = io::extract_projection(s, T);
+      const Mat<double> Wc = corrected(W, heads, d, a, target);
+      if (!Wc.allFinite())
+        throw NumericalFailure(a.checkpoint + ": tensor " + io::detail::quote(s.tensor) +
+                               ": the corrected weights have NaN or Inf entries");
+      io::insert_projection(s, Wc, T);
+    };
+    fix(L.q, H.heads, H.d_k);
+    fix(L.k, H.kv_heads, H.d_k);
+    fix(L.v, H.kv_heads, H.d_v);
+    for (const auto& kv : tensors)
+      modified[kv.first] = io::encode_matrix(kv.second, src.dtype(kv.first));
+    bar.update(static_cast<double>(++n_done) / static_cast<double>(todo.size() + 1));
+  }
+
+  // Everything else unchanged.
+  std::deque<std::vector<std::uint8_t>> keep;  // re-encoded npz / npy tensors
+  std::vector<io::TensorToWrite> out;
+  std::map<std::string, std::string> metadata;
+  const io::Checkpoint* ck = src.checkpoint();
+  if (ck) metadata = ck->metadata();
+  for (const std::string& name : src.names()) {
+    io::TensorToWrite t;
+    t.name = name;
+    if (ck) {
+      const io::TensorInfo& info = ck->info(name);
+      t.dtype = info.dtype;
+      t.shape = info.shape;
+    } else {
+      t.dtype = src.dtype(name);
+      t.shape = src.shape(name);
+    }
+    auto m = modified.find(name);
+    if (m != modified.end()) {
+      t.bytes = {m->second.data(), m->second.size()};
+    } else if (ck) {
+      t.bytes = ck->bytes(name);
+    } else {
+      keep.push_back(encode_array(src.array(name), t.dtype, src.file_of(name)));
+      t.bytes = {keep.back().data(), keep.back().size()};
+    }
+    out.push_back(std::move(t));
+  }
+  io::write_safetensors(a.out, out, metadata);
+  bar.done();
+  std::cout << "corrected " << modified.size() << " tensor(s) in " << todo.size()
+            << " attention layer(s) of " << a.checkpoint << " (method " << a.method;
+  if (a.method == "lambda") std::cout << ", lambda = " << a.lambda;
+  if (target) std::cout << ", target = " << *target;
+  std::cout << ", placement " << a.placement << "); wrote " << out.size() << " tensors to " << a.out
+            << '\n';
+}
+
+}  // namespace
+
+void register_correct(CLI::App& app) {
+  auto a = std::make_shared<CorrectArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "correct", "Fold the lambda I_k or the exact correction into a checkpoint (safetensors out)");
+  cmd->add_option("checkpoint", a->checkpoint,
+                  "a .safetensors file, a sharded *.index.json, a directory, or an .npz")
+      ->required();
+  cmd->add_option("--method", a->method,
+                  "lambda (W + lambda I_k, Theorem 3.8) or exact "
+                  "(Theorem 3.5)")
+      ->required()
+      ->check(CLI::IsMember({"lambda", "exact"}));
+  cmd->add_option("--lambda", a->lambda, "lambda for --method lambda (default 10)");
+  cmd->add_option("--target", a->target,
+                  "target kappa > 1 for --method exact (default: "
+                  "C = sigma_1 U V^T)");
+  cmd->add_option("--placement", a->placement,
+                  "fused (default): one correction of the whole "
+                  "projection; per-head: one per head block")
+      ->check(CLI::IsMember({"fused", "per-head"}));
+  cmd->add_option("--layout", a->layout, "tensor layout (default auto)")
+      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
+  cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", a->kv_heads, "key/value heads (grouped-query models)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", a->layers, "layers to correct, e.g. 0,3,5-7 (default all)");
+  cmd->add_option("--out", a->out, "the new .safetensors file (written atomically)")->required();
+  cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->add_flag("--verbose", a->verbose, "log every tensor read on stderr");
+  cmd->callback([a, cmd] { run_correct(*a, cmd->count("--target") > 0); });
+}
+
+}  // namespace spectral_cond::cli

@@ -1,0 +1,133 @@
+// spectral-cond jacobian: the Jacobian of single-head attention (MATH.md §1, §3), or one of its
+// blocks, or its Gram matrix J J^T, written to a .npy file (float64, C order).
+//
+//   spectral-cond jacobian --x X.npy --wq WQ.npy --wk WK.npy --wv WV.npy
+//                          [--scale S] [--mask none|causal] [--block all|q|k|v|x] [--gram]
+//                          --out J.npy
+//
+// Entry [i, j] of the output is J[i, j] in MATH.md §1's convention: row i = r + N e for A(r, e),
+// column a + D b for W(a, b) within each parameter block (J_X: column r + N a for X(r, a)).
+#include "cli.hpp"
+#include "commands.hpp"
+
+#include <spectral_cond/gram.hpp>
+#include <spectral_cond/jacobian.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+
+namespace spectral_cond::cli {
+namespace {
+
+struct JacobianArgs {
+  std::string x, wq, wk, wv, out;
+  double scale = std::numeric_limits<double>::quiet_NaN();  // NaN: 1/sqrt(d_k)
+  bool scale_set = false;
+  std::string mask = "none";  // none | causal
+  std::string block = "all";  // all | q | k | v | x
+  bool gram = false;
+  bool timing = false;
+};
+
+JacobianBlock parse_block(const std::string& b) {
+  if (b == "q") return JacobianBlock::Q;
+  if (b == "k") return JacobianBlock::K;
+  if (b == "v") return JacobianBlock::V;
+  if (b == "x") return JacobianBlock::X;
+  return JacobianBlock::All;  // "all"; CLI11 has checked the value
+}
+
+std::string block_name(JacobianBlock b, bool gram) {
+  const std::string j = b == JacobianBlock::All ? "J" : std::string("J_") + to_string(b);
+  return gram ? j + " " + j + "^T" : j;
+}
+
+void run_jacobian(const JacobianArgs& a) {
+  if (a.scale_set && !(std::isfinite(a.scale) && a.scale > 0)) {
+    std::ostringstream s;
+    s << "--scale must be finite and > 0 (got " << a.scale << ")";
+    throw BadInput(s.str());
+  }
+  const Mat<double> X = load_matrix(a.x, "X");
+  if (X.rows() < 1 || X.cols() < 1)
+    throw BadInput(a.x + ": X must be N x D with N, D >= 1 (got " + shape_str(X.rows(), X.cols()) +
+                   ")");
+  const Index N = X.rows(), D = X.cols();
+  const Mat<double> WQ = load_matrix(a.wq, "W_Q");
+  require_shape(a.wq, "W_Q", "D x d_k with D = " + std::to_string(D) + " from " + a.x, D, WQ.cols(),
+                WQ);
+  if (WQ.cols() < 1) throw BadInput(a.wq + ": W_Q must have at least one column (d_k >= 1)");
+  const Index dk = WQ.cols();
+  const Mat<double> WK = load_matrix(a.wk, "W_K");
+  require_shape(a.wk, "W_K", "D x d_k, D from " + a.x + ", d_k from " + a.wq, D, dk, WK);
+  const Mat<double> WV = load_matrix(a.wv, "W_V");
+  require_shape(a.wv, "W_V", "D x d_v with D = " + std::to_string(D) + " from " + a.x, D, WV.cols(),
+                WV);
+  if (WV.cols() < 1) throw BadInput(a.wv + ": W_V must have at least one column (d_v >= 1)");
+  const Index dv = WV.cols();
+
+  AttentionOptions<double> opts;
+  if (a.scale_set) opts.scale = a.scale;
+  opts.mask = a.mask == "causal" ? MaskKind::Causal : MaskKind::None;
+  const JacobianBlock block = parse_block(a.block);
+  const Index rows = jacobian_rows(N, dv);
+  const Index cols = a.gram ? rows : jacobian_cols(block, N, D, dk, dv);
+  const std::string what = block_name(block, a.gram);
+  Mat<double> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    out = a.gram ? attention_gram(X, WQ, WK, WV, opts, block)
+                 : attention_jacobian(X, WQ, WK, WV, opts, block);
+  } catch (const std::bad_alloc&) {
+    std::ostringstream s;
+    s << "out of memory: " << what << " is " << shape_str(rows, cols) << " ("
+      << static_cast<double>(rows) * static_cast<double>(cols) * 8e-9 << " GB in float64)";
+    throw Error(kInternalError, s.str());
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  require_finite(out, what);
+  io::write_npy(a.out, out);
+  if (a.timing) {
+    const auto t2 = std::chrono::steady_clock::now();
+    std::cerr << "timing: compute " << std::chrono::duration<double>(t1 - t0).count()
+              << " s, write " << std::chrono::duration<double>(t2 - t1).count() << " s\n";
+  }
+  std::cout << what << ": " << shape_str(out.rows(), out.cols()) << " written to " << a.out
+            << " (N = " << N << ", D = " << D << ", d_k = " << dk << ", d_v = " << dv
+            << ", scale = " << opts.resolved_scale(dk) << ", mask = " << a.mask << ")\n";
+}
+
+}  // namespace
+
+void register_jacobian(CLI::App& app) {
+  auto args = std::make_shared<JacobianArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "jacobian", "Write the attention Jacobian J (or a block, or J J^T) to a .npy file");
+  cmd->add_option("--x", args->x, "X, N x D (.npy, float32/float64)")->required();
+  cmd->add_option("--wq", args->wq, "W_Q, D x d_k (.npy)")->required();
+  cmd->add_option("--wk", args->wk, "W_K, D x d_k (.npy)")->required();
+  cmd->add_option("--wv", args->wv, "W_V, D x d_v (.npy)")->required();
+  cmd->add_option("--scale", args->scale, "logit scale c > 0 (default 1/sqrt(d_k))");
+  cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
+      ->check(CLI::IsMember({"none", "causal"}, CLI::ignore_case));
+  cmd->add_option("--block", args->block,
+                  "all = [J_Q | J_K | J_V] (default), q, k, v, or x (the input Jacobian J_X)")
+      ->check(CLI::IsMember({"all", "q", "k", "v", "x"}, CLI::ignore_case));
+  cmd->add_flag("--gram", args->gram, "write J J^T of the block instead of J");
+  cmd->add_flag("--timing", args->timing,
+                "print the time spent computing and writing the result on stderr");
+  cmd->add_option("--out", args->out, "output .npy file (float64, C order; written atomically)")
+      ->required();
+  cmd->callback([args, cmd] {
+    args->scale_set = cmd->count("--scale") > 0;
+    run_jacobian(*args);
+  });
+}
+
+}  // namespace spectral_cond::cli

@@ -1,0 +1,315 @@
+// spectral-cond kappa: condition numbers (MATH.md §4) of a matrix, or of the Jacobian J of an
+// attention block (MATH.md §3), optionally with every term of the paper's Theorem 3.4 (§5).
+//
+//   spectral-cond kappa --matrix M.npy [--rtol R] [--format table|json] [--out FILE]
+//   spectral-cond kappa --x X.npy --wq WQ.npy --wk WK.npy --wv WV.npy [--scale S]
+//                       [--mask none|causal] [--method auto|dense|gram|iterative|qr]
+//                       [--rtol R] [--tol T] [--bound] [--format table|json] [--out FILE]
+//                       [--quiet] [--device cpu|cuda]
+//
+// The JSON keys are documented in docs/cli.md (a stable interface). Exit codes as in cli.hpp;
+// a κ(J) that did not converge (method iterative) is reported and then exits 3.
+#include "cli.hpp"
+#include "commands.hpp"
+#include "device.hpp"
+#include "progress.hpp"
+#include "report_json.hpp"
+
+#include <spectral_cond/bound.hpp>
+#include <spectral_cond/io/atomic_file.hpp>
+#include <spectral_cond/jacobian_kappa.hpp>
+#include <spectral_cond/kappa.hpp>
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+namespace spectral_cond::cli {
+namespace {
+
+struct KappaArgs {
+  std::string matrix, x, wq, wk, wv, out;
+  double scale = std::numeric_limits<double>::quiet_NaN();
+  std::string mask = "none";
+  std::string method = "auto";
+  double rtol = -1;
+  double tol = 1e-6;
+  bool bound = false;
+  std::string format = "table";
+  bool quiet = false;
+  std::string device = "cpu";
+  // which options were given on the command line
+  bool scale_set = false, mask_set = false, method_set = false, tol_set = false;
+};
+
+/// A number for the table: "inf", "-inf", "nan", or 10 significant digits.
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::ostringstream s;
+  s << std::setprecision(10) << v;
+  return s.str();
+}
+
+/// The attention inputs, with shapes checked against each other (names the files).
+struct AttentionInputs {
+  Mat<double> X, WQ, WK, WV;
+};
+
+AttentionInputs load_attention(const KappaArgs& a) {
+  AttentionInputs in;
+  in.X = load_matrix(a.x, "X");
+  if (in.X.rows() < 1 || in.X.cols() < 1)
+    throw BadInput(a.x + ": X must be N x D with N, D >= 1 (got " +
+                   shape_str(in.X.rows(), in.X.cols()) + ")");
+  const Index D = in.X.cols();
+  in.WQ = load_matrix(a.wq, "W_Q");
+  require_shape(a.wq, "W_Q", "D x d_k with D = " + std::to_string(D) + " from " + a.x, D,
+                in.WQ.cols(), in.WQ);
+  if (in.WQ.cols() < 1) throw BadInput(a.wq + ": W_Q must have at least one column (d_k >= 1)");
+  in.WK = load_matrix(a.wk, "W_K");
+  require_shape(a.wk, "W_K", "D x d_k, D from " + a.x + ", d_k from " + a.wq, D, in.WQ.cols(),
+                in.WK);
+  in.WV = load_matrix(a.wv, "W_V");
+  require_shape(a.wv, "W_V", "D x d_v with D = " + std::to_string(D) + " from " + a.x, D,
+                in.WV.cols(), in.WV);
+  if (in.WV.cols() < 1) throw BadInput(a.wv + ": W_V must have at least one column (d_v >= 1)");
+  return in;
+}
+
+void check_args(const KappaArgs& a) {
+  require_device(a.device, parse_jacobian_kappa_method(a.method));
+  const bool attention = !a.x.empty() || !a.wq.empty() || !a.wk.empty() || !a.wv.empty();
+  if (!a.matrix.empty() && attention)
+    throw BadInput("give either --matrix or --x/--wq/--wk/--wv, not both");
+  if (a.matrix.empty() && !attention)
+    throw BadInput("nothing to do: give --matrix M.npy, or --x, --wq, --wk and --wv");
+  if (attention) {
+    std::string missing;
+    for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"--x", &a.x},
+                                     {"--wq", &a.wq},
+                                     {"--wk", &a.wk},
+                                     {"--wv", &a.wv}})
+      if (path->empty()) missing += missing.empty() ? flag : std::string(", ") + flag;
+    if (!missing.empty())
+      throw BadInput("attention inputs need --x, --wq, --wk and --wv (missing " + missing + ")");
+  } else {
+    const char* extra = a.bound        ? "--bound"
+                        : a.method_set ? "--method"
+                        : a.scale_set  ? "--scale"
+                        : a.mask_set   ? "--mask"
+                        : a.tol_set    ? "--tol"
+                                       : nullptr;
+    if (extra != nullptr)
+      throw BadInput(std::string(extra) + " applies to attention inputs (--x ...), not --matrix");
+  }
+  if (a.scale_set && !(std::isfinite(a.scale) && a.scale > 0)) {
+    std::ostringstream s;
+    s << "--scale must be finite and > 0 (got " << a.scale << ")";
+    throw BadInput(s.str());
+  }
+  if (!(std::isfinite(a.rtol) && a.rtol < 1)) {
+    std::ostringstream s;
+    s << "--rtol must be finite and < 1 (negative for the default max(m, n) eps) (got " << a.rtol
+      << ")";
+    throw BadInput(s.str());
+  }
+  if (!(std::isfinite(a.tol) && a.tol > 0)) {
+    std::ostringstream s;
+    s << "--tol must be finite and > 0 (got " << a.tol << ")";
+    throw BadInput(s.str());
+  }
+}
+
+void table_condition(std::ostream& o, const ConditionResult<double>& r) {
+  auto row = [&o](const char* key, const std::string& value) {
+    o << "  " << std::left << std::setw(16) << key << value << '\n';
+  };
+  row("method", r.method);
+  row("sigma_max", num(r.sigma_max));
+  row("sigma_min", num(r.sigma_min));
+  row("kappa", num(r.kappa));
+  row("sigma_min_plus", num(r.sigma_min_plus));
+  row("kappa_plus", num(r.kappa_plus));
+  row("rank", std::to_string(r.rank) + " (rank_tol " + num(r.rank_tol) + ")");
+  row("accuracy", num(r.accuracy) + " (estimated relative error of sigma_min)");
+  if (r.iterations > 0)
+    row("iterations", std::to_string(r.iterations) + " (residual " + num(r.residual) + ")");
+  row("info", to_string(r.info));
+  if (!r.note.empty()) row("note", r.note);
+}
+
+void table_bound(std::ostream& o, const Theorem34Report& t, const VerifyShape& s) {
+  o << "\nTheorem 3.4 (MATH.md §5): kappa(J) <= kappa(X)^3 kappa(Lambda) kappa(W_V) (kappa(W_Q) "
+       "+ kappa(W_K)) + kappa(X) kappa(P)\n";
+  auto row = [&o](const std::string& term, const std::string& k, const std::string& kp) {
+    o << "  " << std::left << std::setw(10) << term << std::setw(20) << k << kp << '\n';
+  };
+  row("term", "kappa", "kappa_plus");
+  const std::pair<const char*, const ConditionResult<double>*> terms[] = {
+      {"X", &t.X},    {"Lambda", &t.Lambda}, {"W_Q", &t.WQ},
+      {"W_K", &t.WK}, {"W_V", &t.WV},        {"P", &t.P}};
+  for (const auto& [name, r] : terms) row(name, num(r->kappa), num(r->kappa_plus));
+  if (t.have_blocks)
+    for (const auto& [name, r] :
+         {std::pair<const char*, const ConditionResult<double>*>{"J_Q", &t.JQ},
+          {"J_K", &t.JK},
+          {"J_V", &t.JV}})
+      row(name, num(r->kappa), num(r->kappa_plus));
+  row("bound", num(t.bound), num(t.bound_plus));
+  row("J", num(t.J.kappa), num(t.J.kappa_plus));
+  row("ratio", num(t.ratio), num(t.ratio_plus));
+  row("holds", t.holds ? (t.vacuous ? "yes (vacuous)" : "yes") : "NO", t.holds_plus ? "yes" : "NO");
+  o << "  verdict: " << t.verdict << '\n';
+  const BoundClassification c = classify_theorem34_plus(t, s);
+  o << "  with rounding (relative errors: kappa_plus(J) " << num(c.acc_J) << ", bound_plus "
+    << num(c.acc_bound) << "): " << to_string(c.verdict) << '\n';
+}
+
+/// Writes `text` to --out atomically, or to stdout.
+void emit(const KappaArgs& a, const std::string& text, const std::string& summary) {
+  if (a.out.empty()) {
+    std::cout << text;
+    return;
+  }
+  io::atomic_write_bytes(a.out, text.data(), text.size());
+  if (!a.quiet) std::cout << summary << " written to " << a.out << '\n';
+}
+
+void run_matrix(const KappaArgs& a) {
+  const Mat<double> M = load_matrix(a.matrix, "M");
+  if (M.rows() < 1 || M.cols() < 1)
+    throw BadInput(a.matrix + ": M must have at least one row and one column (got " +
+                   shape_str(M.rows(), M.cols()) + ")");
+  KappaOptions<double> ko;
+  ko.rtol = a.rtol;
+  const ConditionResult<double> r = a.device == "cuda" ? device_kappa({M}, ko).at(0) : kappa(M, ko);
+  if (r.info == Info::NotConverging || std::isnan(r.sigma_max))
+    throw NumericalFailure("the SVD of " + a.matrix + " failed: " + r.note);
+  std::string text;
+  if (a.format == "json") {
+    text = kappa_json("matrix", M.rows(), M.cols(), r).dump(2) + "\n";
+  } else {
+    std::ostringstream o;
+    o << "kappa of " << a.matrix << ", " << shape_str(M.rows(), M.cols()) << '\n';
+    table_condition(o, r);
+    text = o.str();
+  }
+  emit(a, text, "kappa = " + num(r.kappa) + ", kappa_plus = " + num(r.kappa_plus));
+}
+
+void run_attention(const KappaArgs& a) {
+  const AttentionInputs in = load_attention(a);
+  const Index N = in.X.rows(), D = in.X.cols(), dk = in.WQ.cols(), dv = in.WV.cols();
+  AttentionOptions<double> opts;
+  if (a.scale_set) opts.scale = a.scale;
+  opts.mask = a.mask == "causal" ? MaskKind::Causal : MaskKind::None;
+  JacobianKappaOptions jo;
+  jo.method = parse_jacobian_kappa_method(a.method);
+  jo.tol = a.tol;
+  jo.rtol = a.rtol;
+  Progress bar("kappa(J)", !a.quiet);
+  if (bar.enabled()) jo.progress = [&bar](double f) { bar.update(f); };
+
+  std::optional<Theorem34Report> report;
+  ConditionResult<double> r;
+  std::optional<ConditionResult<double>> on_device;  // --device cuda: κ(J) from the GPU
+  if (a.device == "cuda") {
+    AttentionOptions<double> dopts = opts;
+    dopts.scale = opts.resolved_scale(in.WQ.cols());
+    on_device = device_kappa_jacobian(in.X, {in.WQ}, {in.WK}, {in.WV}, dopts, jo).at(0);
+  }
+  if (a.bound) {
+    BoundOptions bo;
+    bo.jacobian = jo;
+    bo.rtol = a.rtol;
+    if (on_device) bo.jacobian_result = &*on_device;
+    report = theorem34<double>(in.X, in.WQ, in.WK, in.WV, opts, bo);
+    r = report->J;
+  } else {
+    r = on_device ? *on_device : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, opts, jo);
+  }
+  bar.done();
+  if (r.info == Info::InvalidInput)
+    throw NumericalFailure("J has NaN or Inf entries (are the inputs very large?)");
+
+  const Index rows = jacobian_rows(N, dv);
+  const Index cols = jacobian_cols(JacobianBlock::All, N, D, dk, dv);
+  const double c = opts.resolved_scale(dk);
+  std::string text;
+  if (a.format == "json") {
+    nlohmann::json j = kappa_json("attention", rows, cols, r, report ? &*report : nullptr,
+                                  VerifyShape{N, D, dk, dv});
+    j["N"] = N;
+    j["D"] = D;
+    j["d_k"] = dk;
+    j["d_v"] = dv;
+    j["scale"] = json_number(c);
+    j["mask"] = a.mask;
+    j["method_requested"] = a.method;
+    j["tol"] = json_number(a.tol);
+    j["device"] = a.device;
+    text = j.dump(2) + "\n";
+  } else {
+    std::ostringstream o;
+    o << "kappa of J, " << shape_str(rows, cols) << " (attention: N = " << N << ", D = " << D
+      << ", d_k = " << dk << ", d_v = " << dv << ", scale = " << num(c) << ", mask = " << a.mask
+      << ")\n";
+    table_condition(o, r);
+    if (report) table_bound(o, *report, VerifyShape{N, D, dk, dv});
+    text = o.str();
+  }
+  emit(a, text, "kappa(J) = " + num(r.kappa) + ", kappa_plus(J) = " + num(r.kappa_plus));
+  if (r.info == Info::NotConverging)
+    throw NumericalFailure("kappa(J) did not converge (method " + a.method + "): " + r.note);
+}
+
+}  // namespace
+
+void register_kappa(CLI::App& app) {
+  auto args = std::make_shared<KappaArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "kappa",
+      "Condition numbers of a matrix, or of an attention block's Jacobian J (with the "
+      "Theorem 3.4 bound)");
+  cmd->add_option("--matrix", args->matrix, "any 2-D matrix M (.npy): kappa, kappa_plus, rank");
+  cmd->add_option("--x", args->x, "X, N x D (.npy, float32/float64)");
+  cmd->add_option("--wq", args->wq, "W_Q, D x d_k (.npy)");
+  cmd->add_option("--wk", args->wk, "W_K, D x d_k (.npy)");
+  cmd->add_option("--wv", args->wv, "W_V, D x d_v (.npy)");
+  cmd->add_option("--scale", args->scale, "logit scale c > 0 (default 1/sqrt(d_k))");
+  cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
+      ->check(CLI::IsMember({"none", "causal"}, CLI::ignore_case));
+  cmd->add_option("--method", args->method,
+                  "kappa(J) by auto (default), dense, gram, iterative or qr")
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr"}, CLI::ignore_case));
+  cmd->add_option("--rtol", args->rtol,
+                  "rank tolerance relative to sigma_1 (default max(m, n) eps; 0: every nonzero "
+                  "sigma counts)");
+  cmd->add_option("--tol", args->tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
+  cmd->add_flag("--bound", args->bound, "add every term of Theorem 3.4 (MATH.md §5)");
+  cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")
+      ->check(CLI::IsMember({"table", "json"}, CLI::ignore_case));
+  cmd->add_option("--out", args->out, "write the report to FILE (atomically) instead of stdout");
+  cmd->add_flag("--quiet", args->quiet, "no progress bar, no summary line with --out");
+  cmd->add_option("--device", args->device, "cpu (default) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
+  cmd->callback([args, cmd] {
+    args->scale_set = cmd->count("--scale") > 0;
+    args->mask_set = cmd->count("--mask") > 0;
+    args->method_set = cmd->count("--method") > 0;
+    args->tol_set = cmd->count("--tol") > 0;
+    check_args(*args);
+    if (args->matrix.empty())
+      run_attention(*args);
+    else
+      run_matrix(*args);
+  });
+}
+
+}  // namespace spectral_cond::cli
