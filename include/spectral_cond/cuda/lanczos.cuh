@@ -1,0 +1,160 @@
+// spectral_cond CUDA path: device operators for Spectra's Lanczos (the CPU path's solver), so
+// that σ_max and σ_min of large Gram and triangular matrices never leave the device. Each
+// perform_op copies x to the device, applies cuBLAS level-2 products or solves, and copies back.
+#pragma once
+
+#include "spectral_cond/cuda/context.cuh"
+#include "spectral_cond/qr_kappa.hpp"
+
+#include <Spectra/SymEigsSolver.h>
+
+#include <random>
+
+namespace spectral_cond {
+namespace cuda {
+namespace detail {
+
+/// Which product a DeviceOp applies.
+enum class OpKind {
+  SymLower,       ///< y = G x, G symmetric with its lower triangle stored
+  CholInverse,    ///< y = G^{-1} x = L^{-T} L^{-1} x, L lower (potrf)
+  TriGram,        ///< y = R^T R x, R upper
+  TriGramInverse  ///< y = R^{-1} R^{-T} x, R upper
+};
+
+/// Spectra operator on a device matrix (double). The matrix must outlive the operator.
+class DeviceOp {
+ public:
+  using Scalar = double;
+  DeviceOp(DeviceContext& ctx, const double* M, int n, OpKind kind)
+      : ctx_(&ctx), M_(M), n_(n), kind_(kind) {
+    x_ = ctx.buffer<double>("lanczos_x", static_cast<size_t>(n));
+    y_ = ctx.buffer<double>("lanczos_y", static_cast<size_t>(n));
+  }
+  Index rows() const { return n_; }
+  Index cols() const { return n_; }
+  void perform_op(const double* x, double* y) const {
+    cudaStream_t s = ctx_->stream();
+    cublasHandle_t h = ctx_->blas();
+    const size_t bytes = static_cast<size_t>(n_) * sizeof(double);
+    SC_CUDA_CHECK(cudaMemcpyAsync(x_, x, bytes, cudaMemcpyHostToDevice, s));
+    double* out = x_;
+    switch (kind_) {
+      case OpKind::SymLower:
+        blas::symv_lower(h, n_, M_, n_, x_, y_);
+        out = y_;
+        break;
+      case OpKind::CholInverse:
+        blas::trsv(h, false, false, n_, M_, n_, x_);  // L z = x
+        blas::trsv(h, false, true, n_, M_, n_, x_);   // L^T y = z
+        break;
+      case OpKind::TriGram:
+        blas::trmv(h, true, false, n_, M_, n_, x_);  // R x
+        blas::trmv(h, true, true, n_, M_, n_, x_);   // R^T (R x)
+        break;
+      case OpKind::TriGramInverse:
+        blas::trsv(h, true, true, n_, M_, n_, x_);   // R^T z = x
+        blas::trsv(h, true, false, n_, M_, n_, x_);  // R y = z
+        break;
+    }
+    SC_CUDA_CHECK(cudaMemcpyAsync(y, out, bytes, cudaMemcpyDeviceToHost, s));
+    SC_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+ private:
+  DeviceContext* ctx_;
+  const double* M_;
+  int n_;
+  OpKind kind_;
+  double* x_ = nullptr;
+  double* y_ = nullptr;
+};
+
+/// The largest eigenvalue by Spectra's Lanczos with the options and seeding of the CPU's
+/// detail::largest_eigenvalue (qr_kappa.hpp), for any operator.
+template <typename Op>
+spectral_cond::detail::LanczosOutcome largest_eigenvalue_op(Op& op, const QrKappaOptions& q,
+                                                            std::uint64_t seed) {
+  const Index n = op.rows();
+  Spectra::SymEigsSolver<Op> eigs(op, 1, std::min(q.ncv, n));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> dist;
+  Vec<double> v0(n);
+  for (Index i = 0; i < n; ++i) v0(i) = dist(rng);
+  eigs.init(v0.data());
+  eigs.compute(Spectra::SortRule::LargestAlge, q.max_restarts, q.tol);
+  spectral_cond::detail::LanczosOutcome out;
+  out.operations = eigs.num_operations();
+  out.converged = eigs.info() == Spectra::CompInfo::Successful;
+  if (!out.converged) return out;
+  out.lambda = eigs.eigenvalues()(0);
+  const Vec<double> v = eigs.eigenvectors().col(0);
+  Vec<double> y(n);
+  op.perform_op(v.data(), y.data());
+  out.residual = (y - out.lambda * v).norm() / (out.lambda * v.norm());
+  return out;
+}
+
+/// The device twin of the CPU's detail::condition_of_r (qr_kappa.hpp) for an R (k x k, upper,
+/// on the device) of order >= 64 with k = min(m_J, n_J): σ_max by Lanczos on R^T R, σ_min by
+/// Lanczos on (R^T R)^{-1}; the dense fallbacks of the CPU code copy R to the host.
+inline ConditionResult<double> device_condition_of_r(DeviceContext& ctx, const double* R, int k,
+                                                     Index mJ, Index nJ, bool tall,
+                                                     const QrKappaOptions& q,
+                                                     std::ostringstream& note) {
+  KappaOptions<double> ko;
+  ko.rtol = q.rtol;
+  auto host_r = [&] { return download(R, k, k, ctx.stream()); };
+  Vec<double> diag(k);
+  SC_CUDA_CHECK(cudaMemcpy2DAsync(diag.data(), sizeof(double), R,
+                                  (static_cast<size_t>(k) + 1) * sizeof(double), sizeof(double),
+                                  static_cast<size_t>(k), cudaMemcpyDeviceToHost, ctx.stream()));
+  SC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  const bool singular_diag = (diag.array() == 0.0).any();
+  DeviceOp gram(ctx, R, k, OpKind::TriGram), inverse_gram(ctx, R, k, OpKind::TriGramInverse);
+  const auto big = largest_eigenvalue_op(gram, q, q.seed);
+  spectral_cond::detail::LanczosOutcome small;
+  if (!singular_diag) small = largest_eigenvalue_op(inverse_gram, q, q.seed + 1);
+  ConditionResult<double> res;
+  res.method = "qr";
+  res.sigma_max = std::sqrt(big.lambda);
+  res.sigma_min = singular_diag ? 0.0 : 1.0 / std::sqrt(small.lambda);
+  res.rank_tol = ko.resolved_rtol(mJ, nJ) * res.sigma_max;
+  res.iterations = small.operations;
+  res.residual = small.residual;
+  note << "; sigma_max by Lanczos on R^T R (" << big.operations << " products, cuBLAS trmv), "
+       << "sigma_min by Lanczos on (R^T R)^{-1} (" << small.operations
+       << " pairs of cuBLAS triangular solves, relative residual " << small.residual << ")";
+  if (!big.converged || (!singular_diag && !small.converged)) {
+    res.info = Info::NotConverging;
+    res.sigma_min = res.sigma_min_plus = res.kappa = res.kappa_plus = res.accuracy =
+        std::numeric_limits<double>::quiet_NaN();
+    note << "; Lanczos did not converge (raise max_restarts or ncv)";
+    return res;
+  }
+  if (res.sigma_min > res.rank_tol) {
+    res.rank = k;
+    res.sigma_min_plus = res.sigma_min;
+    res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
+    res.accuracy = ScalarTraits<double>::eps() * res.kappa + q.tol;
+    return res;
+  }
+  if (k <= q.dense_svd_max) {  // the CPU's dense fallback, on the host
+    std::ostringstream host_note;
+    ConditionResult<double> d =
+        spectral_cond::detail::condition_of_r(host_r(), mJ, nJ, tall, q, host_note);
+    note << host_note.str();
+    return d;
+  }
+  res.info = Info::Singular;
+  res.kappa = res.accuracy = ScalarTraits<double>::inf();
+  res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
+  res.rank = -1;
+  note << "; numerically singular, but R (order " << k << ") exceeds dense_svd_max, so the rank "
+       << "and kappa_plus were not computed (rank = -1)";
+  return res;
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace spectral_cond
