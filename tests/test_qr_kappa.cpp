@@ -56,9 +56,11 @@ ConditionResult<double> dense_reference(const Problem<Scalar>& p, JacobianBlock 
 }
 
 /// qr and the dense SVD agree to `tol`, or to 20 ε κ when that is larger: both methods are
-/// backward stable, so each σ_min carries a relative error of about ε κ (MATH.md §3).
+/// backward stable, so each σ_min carries a relative error of about ε κ (MATH.md §3); for a
+/// numerically singular J the smallest σ above the rank tolerance carries ε κ_plus.
 void check_agrees(const ConditionResult<double>& q, const ConditionResult<double>& d, double tol) {
-  if (d.info == Info::Success) tol = std::max(tol, 20 * sc_test::eps<double>() * d.kappa);
+  tol = std::max(tol, 20 * sc_test::eps<double>() *
+                          (d.info == Info::Success ? d.kappa : d.kappa_plus));
   INFO("qr: sigma_max " << q.sigma_max << " sigma_min " << q.sigma_min << " kappa " << q.kappa
                         << " note: " << q.note);
   INFO("svd: sigma_max " << d.sigma_max << " sigma_min " << d.sigma_min << " kappa " << d.kappa);
@@ -86,9 +88,9 @@ TEST_CASE("qr agrees with the dense SVD of J on PyTorch-style instances (wide J)
     std::uint64_t seed;
   };
   // (64, 64, 64, 64) is in bench/bench_qr_kappa (its dense SVD takes minutes); 40 keeps the
-  // suite fast, and the sanitizer build runs the smaller case only.
-  std::vector<Case> cases{Case{32, 32, 32, 11}};
-  if (!SC_TEST_SANITIZED) cases.push_back(Case{40, 40, 40, 12});
+  // suite fast. The sanitizer build (-O0) runs a small case for the memory checks only.
+  std::vector<Case> cases{Case{32, 32, 32, 11}, Case{40, 40, 40, 12}};
+  if (SC_TEST_SANITIZED) cases = {Case{12, 12, 12, 11}};
   for (const Case c : cases) {
     INFO("seed=" << c.seed << " N=D=d_k=d_v=" << c.N);
     const auto p = make_problem<double>(c.N, c.D, c.d, c.d, c.seed);
@@ -100,7 +102,7 @@ TEST_CASE("qr agrees with the dense SVD of J on PyTorch-style instances (wide J)
     MESSAGE("N=D=d=" << c.N << ": kappa(J) = " << q.kappa << " (dense " << d.kappa << "), qr "
                      << std::chrono::duration<double>(t1 - t0).count() << " s, dense SVD "
                      << std::chrono::duration<double>(t2 - t1).count() << " s");
-    CHECK(q.kappa > 1e3);  // the regime where squaring loses digits (MATH.md §3)
+    if (!SC_TEST_SANITIZED) CHECK(q.kappa > 1e3);  // where squaring loses digits (MATH.md §3)
     CHECK(q.rank == c.N * c.d);
     CHECK(q.iterations > 0);
     CHECK(q.residual < 1e-10);
