@@ -287,3 +287,29 @@ TEST_CASE("multihead_lambda_report: per-head kappa, and Weyl claimed only where 
       multihead_lambda_report(Mat<double>(Mat<double>::Zero(4, 6)), 4, 1.0, Placement::Fused),
       std::invalid_argument);
 }
+
+TEST_CASE_TEMPLATE("thin_svd above the Jacobi size (gesdd or BDCSVD) is a valid SVD", Scalar,
+                   double, float) {
+  const std::uint64_t seed = 5400;
+  INFO("seed=" << seed);
+  std::mt19937_64 rng(seed);
+  for (const auto& [m, n] : {std::pair<Index, Index>{100, 80}, {72, 130}}) {
+    const Mat<Scalar> W = randn<Scalar>(m, n, rng);
+    const ThinSvd<Scalar> s = thin_svd(W);
+    const Index r = std::min(m, n);
+    REQUIRE(s.U.rows() == m);
+    REQUIRE(s.U.cols() == r);
+    REQUIRE(s.V.rows() == n);
+    REQUIRE(s.V.cols() == r);
+    const double tol = 200 * static_cast<double>(std::numeric_limits<Scalar>::epsilon());
+    const Mat<Scalar> I = Mat<Scalar>::Identity(r, r);
+    CHECK(static_cast<double>((s.U.transpose() * s.U - I).cwiseAbs().maxCoeff()) < tol);
+    CHECK(static_cast<double>((s.V.transpose() * s.V - I).cwiseAbs().maxCoeff()) < tol);
+    const Mat<Scalar> back = s.U * s.S.asDiagonal() * s.V.transpose();
+    CHECK(sc_test::rel_err(back, W) < tol);
+    const Eigen::JacobiSVD<Mat<Scalar>> ref(W);
+    for (Index i = 0; i < r; ++i)
+      CHECK(std::abs(static_cast<double>(s.S(i) - ref.singularValues()(i))) <
+            tol * static_cast<double>(ref.singularValues()(0)));
+  }
+}

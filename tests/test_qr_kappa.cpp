@@ -59,8 +59,8 @@ ConditionResult<double> dense_reference(const Problem<Scalar>& p, JacobianBlock 
 /// backward stable, so each σ_min carries a relative error of about ε κ (MATH.md §3); for a
 /// numerically singular J the smallest σ above the rank tolerance carries ε κ_plus.
 void check_agrees(const ConditionResult<double>& q, const ConditionResult<double>& d, double tol) {
-  tol = std::max(tol, 20 * sc_test::eps<double>() *
-                          (d.info == Info::Success ? d.kappa : d.kappa_plus));
+  tol = std::max(tol,
+                 20 * sc_test::eps<double>() * (d.info == Info::Success ? d.kappa : d.kappa_plus));
   INFO("qr: sigma_max " << q.sigma_max << " sigma_min " << q.sigma_min << " kappa " << q.kappa
                         << " note: " << q.note);
   INFO("svd: sigma_max " << d.sigma_max << " sigma_min " << d.sigma_min << " kappa " << d.kappa);

@@ -21,8 +21,9 @@ struct ThinSvd {
   Vec<Scalar> S;
 };
 
-/// The thin SVD of W by JacobiSVD (min(m, n) <= auto_jacobi_max_size) or BDCSVD. Throws for an
-/// empty W.
+/// The thin SVD of W by JacobiSVD (min(m, n) <= auto_jacobi_max_size), else LAPACK's gesdd where
+/// the build has LAPACKE (SPECTRAL_COND_HAVE_LAPACKE) and W is finite, else BDCSVD. Throws for
+/// an empty W.
 template <typename D>
 ThinSvd<typename D::Scalar> thin_svd(const Eigen::MatrixBase<D>& W) {
   using Scalar = typename D::Scalar;
@@ -35,10 +36,14 @@ ThinSvd<typename D::Scalar> thin_svd(const Eigen::MatrixBase<D>& W) {
     out.V = svd.matrixV();
     out.S = svd.singularValues();
   };
-  if (std::min(w.rows(), w.cols()) <= auto_jacobi_max_size)
+  if (std::min(w.rows(), w.cols()) <= auto_jacobi_max_size) {
     take(Eigen::JacobiSVD<Mat<Scalar>>(w, opts));
-  else
-    take(Eigen::BDCSVD<Mat<Scalar>>(w, opts));
+    return out;
+  }
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  if (w.allFinite() && detail::lapack_thin_svd<Scalar>(w, out.U, out.S, out.V) == 0) return out;
+#endif
+  take(Eigen::BDCSVD<Mat<Scalar>>(w, opts));
   return out;
 }
 

@@ -138,6 +138,28 @@ lapack_int lapack_singular_values(const CRef<Scalar>& M, Vec<Scalar>& s) {
     return LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'N', m, n, a.data(), m, s.data(), &u, 1, &vt, 1);
   }
 }
+
+/// Thin SVD M = U diag(s) V^T by ?gesdd (jobz = 'S'); returns LAPACK's info (> 0: no
+/// convergence). U is m x r, V is n x r, r = min(m, n).
+template <typename Scalar>
+lapack_int lapack_thin_svd(const CRef<Scalar>& M, Mat<Scalar>& U, Vec<Scalar>& s, Mat<Scalar>& V) {
+  Mat<Scalar> a = M;  // gesdd overwrites its input
+  const Index r = std::min(a.rows(), a.cols());
+  const lapack_int m = static_cast<lapack_int>(a.rows()), n = static_cast<lapack_int>(a.cols());
+  s.resize(r);
+  U.resize(a.rows(), r);
+  Mat<Scalar> vt(r, a.cols());
+  const lapack_int ldvt = static_cast<lapack_int>(r);
+  lapack_int rc;
+  if constexpr (std::is_same<Scalar, double>::value)
+    rc = LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'S', m, n, a.data(), m, s.data(), U.data(), m, vt.data(),
+                        ldvt);
+  else
+    rc = LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', m, n, a.data(), m, s.data(), U.data(), m, vt.data(),
+                        ldvt);
+  V = vt.transpose();
+  return rc;
+}
 #endif
 
 /// Singular values of a finite, non-empty M in decreasing order; names the method used and
