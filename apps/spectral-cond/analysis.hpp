@@ -127,8 +127,9 @@ inline MatrixStats matrix_stats(const std::string& role, const std::string& tens
   m.tensor = tensor;
   m.dtype = dtype;
   const ThinSvd<double> svd = thin_svd(W);
-  const std::string method =
-      std::min(W.rows(), W.cols()) <= auto_jacobi_max_size ? "jacobi_svd" : "bdc_svd";
+  const std::string method = std::min(W.rows(), W.cols()) <= auto_jacobi_max_size ? "jacobi_svd"
+                             : have_lapacke() && W.allFinite()                    ? "lapack_dgesdd"
+                                                                                  : "bdc_svd";
   m.cond = condition_from_singular_values<double>(svd.S, W.rows(), W.cols(), {}, method);
   const ExactCorrection<double> ex = exact_correction_from_svd<double>(W, svd, target);
   m.exact_kappa = ex.kappa_after;
