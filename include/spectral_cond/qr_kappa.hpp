@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -255,6 +256,47 @@ ConditionResult<Scalar> cast_result(const ConditionResult<double>& d) {
   return r;
 }
 
+/// κ from the Lanczos outcomes on R^T R (`big`) and (R^T R)^{-1} (`small`, unused when R has a
+/// zero on its diagonal) for R of order k (MATH.md §3); shared by the CPU and GPU qr routes.
+/// Empty when σ_min is below the rank tolerance and k <= dense_svd_max: the caller then takes
+/// the singular values of R by a dense SVD for the rank and kappa_plus.
+template <typename = void>
+inline std::optional<ConditionResult<double>> condition_from_lanczos(
+    const LanczosOutcome& big, const LanczosOutcome& small, bool singular_diag, Index k, Index mJ,
+    Index nJ, const QrKappaOptions& q, std::ostringstream& note) {
+  KappaOptions<double> ko;
+  ko.rtol = q.rtol;
+  ConditionResult<double> res;
+  res.method = "qr";
+  res.sigma_max = std::sqrt(big.lambda);
+  res.sigma_min = singular_diag ? 0.0 : 1.0 / std::sqrt(small.lambda);
+  res.rank_tol = ko.resolved_rtol(mJ, nJ) * res.sigma_max;
+  res.iterations = small.operations;
+  res.residual = small.residual;
+  if (!big.converged || (!singular_diag && !small.converged)) {
+    res.info = Info::NotConverging;
+    res.sigma_min = res.sigma_min_plus = res.kappa = res.kappa_plus = res.accuracy =
+        std::numeric_limits<double>::quiet_NaN();
+    note << "; Lanczos did not converge (raise max_restarts or ncv)";
+    return res;
+  }
+  if (res.sigma_min > res.rank_tol) {
+    res.rank = k;
+    res.sigma_min_plus = res.sigma_min;
+    res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
+    res.accuracy = ScalarTraits<double>::eps() * res.kappa + q.tol;
+    return res;
+  }
+  if (k <= q.dense_svd_max) return std::nullopt;
+  res.info = Info::Singular;
+  res.kappa = res.accuracy = ScalarTraits<double>::inf();
+  res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
+  res.rank = -1;
+  note << "; numerically singular, but R (order " << k << ") exceeds dense_svd_max, so the rank "
+       << "and kappa_plus were not computed (rank = -1)";
+  return res;
+}
+
 /// κ of the m_J x n_J matrix whose nonzero singular values are those of R (k x k, k <= min(m_J,
 /// n_J); the other min(m_J, n_J) - k are exactly zero): dense SVD or Lanczos, see the header.
 template <typename = void>
@@ -276,38 +318,12 @@ inline ConditionResult<double> condition_of_r(const Mat<double>& R, Index mJ, In
   const LanczosOutcome big = largest_eigenvalue(gram, q, q.seed);
   LanczosOutcome small;
   if (!singular_diag) small = largest_eigenvalue(inverse_gram, q, q.seed + 1);
-  ConditionResult<double> res;
-  res.method = "qr";
-  res.sigma_max = std::sqrt(big.lambda);
-  res.sigma_min = singular_diag ? 0.0 : 1.0 / std::sqrt(small.lambda);
-  res.rank_tol = ko.resolved_rtol(mJ, nJ) * res.sigma_max;
-  res.iterations = small.operations;
-  res.residual = small.residual;
   note << "; sigma_max by Lanczos on R^T R (" << big.operations << " products), sigma_min by "
        << "Lanczos on (R^T R)^{-1} (" << small.operations
        << " pairs of triangular solves, relative residual " << small.residual << ")";
-  if (!big.converged || (!singular_diag && !small.converged)) {
-    res.info = Info::NotConverging;
-    res.sigma_min = res.sigma_min_plus = res.kappa = res.kappa_plus = res.accuracy =
-        std::numeric_limits<double>::quiet_NaN();
-    note << "; Lanczos did not converge (raise max_restarts or ncv)";
-    return res;
-  }
-  if (res.sigma_min > res.rank_tol) {
-    res.rank = k;
-    res.sigma_min_plus = res.sigma_min;
-    res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
-    res.accuracy = ScalarTraits<double>::eps() * res.kappa + q.tol;
-    return res;
-  }
-  if (k <= q.dense_svd_max) return dense("sigma_min is below the rank tolerance");
-  res.info = Info::Singular;
-  res.kappa = res.accuracy = ScalarTraits<double>::inf();
-  res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
-  res.rank = -1;
-  note << "; numerically singular, but R (order " << k << ") exceeds dense_svd_max, so the rank "
-       << "and kappa_plus were not computed (rank = -1)";
-  return res;
+  std::optional<ConditionResult<double>> res =
+      condition_from_lanczos(big, small, singular_diag, k, mJ, nJ, q, note);
+  return res ? *res : dense("sigma_min is below the rank tolerance");
 }
 
 /// The qr method on any compressed Jacobian `src` of an m_J x n_J Jacobian; `r1_cols` > 0

@@ -102,8 +102,6 @@ inline ConditionResult<double> device_condition_of_r(DeviceContext& ctx, const d
                                                      Index mJ, Index nJ, bool tall,
                                                      const QrKappaOptions& q,
                                                      std::ostringstream& note) {
-  KappaOptions<double> ko;
-  ko.rtol = q.rtol;
   auto host_r = [&] { return download(R, k, k, ctx.stream()); };
   Vec<double> diag(k);
   SC_CUDA_CHECK(cudaMemcpy2DAsync(diag.data(), sizeof(double), R,
@@ -115,44 +113,18 @@ inline ConditionResult<double> device_condition_of_r(DeviceContext& ctx, const d
   const auto big = largest_eigenvalue_op(gram, q, q.seed);
   spectral_cond::detail::LanczosOutcome small;
   if (!singular_diag) small = largest_eigenvalue_op(inverse_gram, q, q.seed + 1);
-  ConditionResult<double> res;
-  res.method = "qr";
-  res.sigma_max = std::sqrt(big.lambda);
-  res.sigma_min = singular_diag ? 0.0 : 1.0 / std::sqrt(small.lambda);
-  res.rank_tol = ko.resolved_rtol(mJ, nJ) * res.sigma_max;
-  res.iterations = small.operations;
-  res.residual = small.residual;
   note << "; sigma_max by Lanczos on R^T R (" << big.operations << " products, cuBLAS trmv), "
        << "sigma_min by Lanczos on (R^T R)^{-1} (" << small.operations
        << " pairs of cuBLAS triangular solves, relative residual " << small.residual << ")";
-  if (!big.converged || (!singular_diag && !small.converged)) {
-    res.info = Info::NotConverging;
-    res.sigma_min = res.sigma_min_plus = res.kappa = res.kappa_plus = res.accuracy =
-        std::numeric_limits<double>::quiet_NaN();
-    note << "; Lanczos did not converge (raise max_restarts or ncv)";
-    return res;
-  }
-  if (res.sigma_min > res.rank_tol) {
-    res.rank = k;
-    res.sigma_min_plus = res.sigma_min;
-    res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
-    res.accuracy = ScalarTraits<double>::eps() * res.kappa + q.tol;
-    return res;
-  }
-  if (k <= q.dense_svd_max) {  // the CPU's dense fallback, on the host
-    std::ostringstream host_note;
-    ConditionResult<double> d =
-        spectral_cond::detail::condition_of_r(host_r(), mJ, nJ, tall, q, host_note);
-    note << host_note.str();
-    return d;
-  }
-  res.info = Info::Singular;
-  res.kappa = res.accuracy = ScalarTraits<double>::inf();
-  res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
-  res.rank = -1;
-  note << "; numerically singular, but R (order " << k << ") exceeds dense_svd_max, so the rank "
-       << "and kappa_plus were not computed (rank = -1)";
-  return res;
+  std::optional<ConditionResult<double>> res =
+      spectral_cond::detail::condition_from_lanczos(big, small, singular_diag, k, mJ, nJ, q, note);
+  if (res) return *res;
+  // the CPU's dense fallback, on the host
+  std::ostringstream host_note;
+  ConditionResult<double> d =
+      spectral_cond::detail::condition_of_r(host_r(), mJ, nJ, tall, q, host_note);
+  note << host_note.str();
+  return d;
 }
 
 }  // namespace detail
