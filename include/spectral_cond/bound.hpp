@@ -174,4 +174,16 @@ Theorem34Report theorem34(const Eigen::MatrixBase<DX>& X, const Eigen::MatrixBas
   return theorem34<typename DX::Scalar>(X, WQ, WK, WV, opts, bo);
 }
 
+// Explicit instantiations: with SPECTRAL_COND_EXTERN_INSTANCES defined (the target
+// spectral_cond_instances sets it), these come precompiled from that library instead of being
+// instantiated in every translation unit (see src/instances_*.cpp).
+#ifdef SPECTRAL_COND_EXTERN_INSTANCES
+#define SPECTRAL_COND_THEOREM34(EXTERN, S)                                                     \
+  EXTERN template Theorem34Report theorem34<S>(const CRef<S>&, const CRef<S>&, const CRef<S>&, \
+                                               const CRef<S>&, const AttentionOptions<S>&,     \
+                                               const BoundOptions&);
+SPECTRAL_COND_THEOREM34(extern, float)
+SPECTRAL_COND_THEOREM34(extern, double)
+#endif
+
 }  // namespace spectral_cond

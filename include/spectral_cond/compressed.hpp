@@ -26,7 +26,7 @@
 #include "spectral_cond/attention.hpp"
 #include "spectral_cond/common.hpp"
 
-#include <Eigen/SVD>
+#include "spectral_cond/detail/svd.hpp"
 
 #include <algorithm>
 
@@ -261,5 +261,13 @@ Mat<typename DX::Scalar> compressed_input_jacobian(
   using Scalar = typename DX::Scalar;
   return CompressedInputJacobian<Scalar>(X, WQ, WK, WV, opts).matrix();
 }
+
+#ifdef SPECTRAL_COND_EXTERN_INSTANCES  // see detail/svd.hpp
+#define SPECTRAL_COND_COMPRESSED_CLASSES(EXTERN, S) \
+  EXTERN template class CompressedJacobian<S>;      \
+  EXTERN template class CompressedInputJacobian<S>;
+SPECTRAL_COND_COMPRESSED_CLASSES(extern, float)
+SPECTRAL_COND_COMPRESSED_CLASSES(extern, double)
+#endif
 
 }  // namespace spectral_cond

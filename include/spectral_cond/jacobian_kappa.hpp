@@ -434,4 +434,13 @@ ConditionResult<double> kappa_jacobian(const Eigen::MatrixBase<DX>& X,
   return kappa_jacobian<typename DX::Scalar>(X, WQ, WK, WV, opts, jo);
 }
 
+#ifdef SPECTRAL_COND_EXTERN_INSTANCES  // see the end of bound.hpp
+#define SPECTRAL_COND_KAPPA_JACOBIAN(EXTERN, S)                                                   \
+  EXTERN template ConditionResult<double> kappa_jacobian<S>(                                      \
+      const CRef<S>&, const CRef<S>&, const CRef<S>&, const CRef<S>&, const AttentionOptions<S>&, \
+      const JacobianKappaOptions&);
+SPECTRAL_COND_KAPPA_JACOBIAN(extern, float)
+SPECTRAL_COND_KAPPA_JACOBIAN(extern, double)
+#endif
+
 }  // namespace spectral_cond

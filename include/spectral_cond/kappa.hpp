@@ -10,7 +10,7 @@
 
 #include "spectral_cond/common.hpp"
 
-#include <Eigen/SVD>
+#include "spectral_cond/detail/svd.hpp"
 
 #include <algorithm>
 #include <string>

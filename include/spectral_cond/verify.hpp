@@ -637,8 +637,9 @@ inline std::vector<VerifyRegime> verify_regimes(const VerifyOptions& o) {
 
 /// Runs the sweep (see the top of this header). Deterministic for given options. Throws
 /// std::invalid_argument for invalid options; every numerical outcome is in the report.
+// Not `inline`, so that SPECTRAL_COND_EXTERN_INSTANCES can take it from the precompiled library.
 template <typename = void>
-inline VerifyReport verify_sweep(const VerifyOptions& o) {
+VerifyReport verify_sweep(const VerifyOptions& o) {
   o.check("verify_sweep");
   VerifyReport rep;
   rep.seed = o.seed;
@@ -663,5 +664,9 @@ inline VerifyReport verify_sweep(const VerifyOptions& o) {
   }
   return rep;
 }
+
+#ifdef SPECTRAL_COND_EXTERN_INSTANCES  // see the end of bound.hpp
+extern template VerifyReport verify_sweep<>(const VerifyOptions&);
+#endif
 
 }  // namespace spectral_cond
