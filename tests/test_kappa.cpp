@@ -251,3 +251,57 @@ TEST_CASE("condition_from_singular_values applies the same rules to given values
   CHECK(r.kappa_plus == 2.0);
   CHECK(r.rank == 2);
 }
+
+TEST_CASE("kappa_via_gram: well conditioned matrices to eps*kappa^2, the rest declined") {
+  constexpr double eps = sc_test::eps<double>();
+  std::mt19937_64 rng(4711);
+  struct Shape {
+    Index m, n;
+  };
+  for (const Shape s : {Shape{60, 60}, Shape{90, 40}, Shape{40, 90}, Shape{1, 7}, Shape{7, 1}}) {
+    CAPTURE(s.m);
+    CAPTURE(s.n);
+    // W + 10 I_k with W of norm about 1: kappa about 1.2, as after a lambda correction.
+    const Mat<double> M =
+        randn<double>(s.m, s.n, rng, 0.05) + 10.0 * Mat<double>::Identity(s.m, s.n);
+    const auto g = kappa_via_gram(M);
+    REQUIRE(g.has_value());
+    const Eigen::VectorXd ref = ref_sv(M);
+    const double k_ref = ref(0) / ref(ref.size() - 1);
+    const double tol = 20.0 * static_cast<double>(std::max(s.m, s.n)) * eps * k_ref * k_ref;
+    CHECK(g->method == "gram_eigen");
+    CHECK(g->info == Info::Success);
+    CHECK(g->rank == std::min(s.m, s.n));
+    CHECK(std::abs(g->sigma_max - ref(0)) <= tol * ref(0));
+    CHECK(std::abs(g->sigma_min - ref(ref.size() - 1)) <= tol * ref(ref.size() - 1));
+    CHECK(std::abs(g->kappa - k_ref) <= tol * k_ref);
+    CHECK(g->kappa_plus == g->kappa);
+    CHECK(g->accuracy == doctest::Approx(eps * g->kappa * g->kappa).epsilon(1e-6));
+  }
+  // kappa = 1e4: eps kappa^2 = 2e-8 > 1e-12, so the squared route declines; a looser
+  // max_error accepts it, and then σ_min is off by about that much and no more.
+  Eigen::VectorXd sv(30);
+  for (Index i = 0; i < 30; ++i) sv(i) = std::pow(1e-4, static_cast<double>(i) / 29.0);
+  const Mat<double> Qa =
+      Eigen::HouseholderQR<Mat<double>>(randn<double>(50, 30, rng)).householderQ() *
+      Mat<double>::Identity(50, 30);
+  const Mat<double> Qb =
+      Eigen::HouseholderQR<Mat<double>>(randn<double>(30, 30, rng)).householderQ();
+  const Mat<double> ill = Qa * sv.asDiagonal() * Qb.transpose();
+  CHECK_FALSE(kappa_via_gram(ill).has_value());
+  const auto loose = kappa_via_gram(ill, 1e-6);
+  REQUIRE(loose.has_value());
+  CHECK(loose->accuracy > 1e-12);
+  CHECK(std::abs(loose->sigma_min - 1e-4) <= 100.0 * loose->accuracy * 1e-4);
+  // Singular, NaN: declined (the caller's SVD reports them); bad arguments throw.
+  Mat<double> sing = randn<double>(8, 8, rng);
+  sing.col(3) = sing.col(5);
+  CHECK_FALSE(kappa_via_gram(sing).has_value());
+  Mat<double> nan = Mat<double>::Identity(4, 4);
+  nan(1, 2) = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(kappa_via_gram(nan).has_value());
+  CHECK_THROWS_WITH_AS(kappa_via_gram(Mat<double>(0, 3)), doctest::Contains("kappa_via_gram"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(kappa_via_gram(Mat<double>::Identity(3, 3), 0.0),
+                       doctest::Contains("max_error"), std::invalid_argument);
+}

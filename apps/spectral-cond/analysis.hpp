@@ -13,10 +13,12 @@
 #include <spectral_cond/io/synthetic.hpp>
 #include <spectral_cond/kappa.hpp>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -99,16 +101,47 @@ struct CheckpointReport {
 
 namespace detail_an {
 
-inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Mat<double>& E, double lambda,
+/// One placement's addend E (MATH.md §7) and whether all its singular values are 1, which the
+/// Weyl bound needs; kept per shape so that the check (a product E^T E) runs once per analysis,
+/// not once per matrix.
+struct Addend {
+  Mat<double> E;
+  bool unit_singular_values = false;
+};
+
+/// The addends of one analysis, by (rows, cols, heads, d, column offset, kind).
+class AddendCache {
+ public:
+  template <typename Make>
+  const Addend& get(const std::array<Index, 6>& key, Make&& make) {
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      Addend a;
+      a.E = make();
+      a.unit_singular_values = spectral_cond::detail::has_unit_singular_values<double>(a.E);
+      it = cache_.emplace(key, std::move(a)).first;
+    }
+    return it->second;
+  }
+
+ private:
+  std::map<std::array<Index, 6>, Addend> cache_;
+};
+
+inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Addend& A, double lambda,
                                       double s) {
+  const Mat<double>& E = A.E;
   const Mat<double> Wc = W + lambda * E;
-  const Vec<double> sv = singular_values(Wc);
-  const ConditionResult<double> c = condition_from_singular_values<double>(sv, W.rows(), W.cols());
+  // W + λ E is usually well conditioned (λ = 10 against σ_1(W) of order 1): its Gram
+  // eigenvalues then give κ at half the cost of an SVD and to ε κ^2 <= 1e-12; otherwise an SVD.
+  const std::optional<ConditionResult<double>> g = kappa_via_gram(Wc);
+  const ConditionResult<double> c =
+      g ? *g : condition_from_singular_values<double>(singular_values(Wc), W.rows(), W.cols());
   CorrectedKappa r;
   r.sigma_max = c.sigma_max;
   r.sigma_min = c.sigma_min;
   r.kappa = c.kappa;
-  r.weyl_applies = lambda > s && spectral_cond::detail::has_unit_singular_values<double>(E);
+  r.weyl_applies = lambda > s && A.unit_singular_values;
   if (r.weyl_applies) r.weyl_bound = (lambda + s) / (lambda - s);
   return r;
 }
@@ -119,9 +152,9 @@ inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Mat<double>& E
 /// are the matching blocks of the two placements of MATH.md §7; `same_placements` skips the
 /// second SVD when they are equal (one head, or head 0).
 inline MatrixStats matrix_stats(const std::string& role, const std::string& tensor, io::Dtype dtype,
-                                const Mat<double>& W, const Mat<double>& E_fused,
-                                const Mat<double>& E_per_head, bool same_placements, double lambda,
-                                const std::optional<double>& target) {
+                                const Mat<double>& W, const detail_an::Addend& E_fused,
+                                const detail_an::Addend& E_per_head, bool same_placements,
+                                double lambda, const std::optional<double>& target) {
   MatrixStats m;
   m.role = role;
   m.tensor = tensor;
@@ -213,6 +246,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     if (progress) progress(units > 0 ? done / units : 1.0);
   };
 
+  detail_an::AddendCache addends;
   for (std::size_t li = 0; li < todo.size(); ++li) {
     const io::AttentionLayerSpec& L = *todo[li];
     const io::LayerHeads& H = lh[li];
@@ -236,8 +270,11 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     const Index D = L.D;
     auto whole = [&](const std::string& role, const io::ProjectionSlot& s, const Mat<double>& W,
                      Index nh, Index d) {
-      const Mat<double> Ef = Mat<double>::Identity(D, W.cols());
-      const Mat<double> Ep = lambda_identity<double>(D, nh, d, Placement::PerHead);
+      const auto& Ef = addends.get({D, W.cols(), 0, 0, 0, 0},
+                                   [&] { return Mat<double>::Identity(D, W.cols()); });
+      const auto& Ep = addends.get({D, W.cols(), nh, d, 0, 1}, [&] {
+        return lambda_identity<double>(D, nh, d, Placement::PerHead);
+      });
       return matrix_stats(role, s.tensor, src.dtype(s.tensor), W, Ef, Ep, nh == 1, o.lambda,
                           o.target);
     };
@@ -248,8 +285,11 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     if (o.per_head) {
       auto head_block = [&](const std::string& role, const io::ProjectionSlot& s,
                             const Mat<double>& W, Index j, Index d) {
-        const Mat<double> Ef = Mat<double>::Identity(D, W.cols()).middleCols(j * d, d);
-        const Mat<double> Ep = Mat<double>::Identity(D, d);
+        const auto& Ef = addends.get({D, W.cols(), 0, d, j * d, 2}, [&] {
+          return Mat<double>(Mat<double>::Identity(D, W.cols()).middleCols(j * d, d));
+        });
+        const auto& Ep =
+            addends.get({D, d, 0, 0, 0, 0}, [&] { return Mat<double>::Identity(D, d); });
         return matrix_stats(role, s.tensor, src.dtype(s.tensor), W.middleCols(j * d, d), Ef, Ep,
                             j == 0, o.lambda, o.target);
       };

@@ -12,11 +12,15 @@
 
 #include "spectral_cond/detail/svd.hpp"
 
+#include <Eigen/Eigenvalues>
+
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <type_traits>
 
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
+#include <cblas.h>
 #include <lapacke.h>
 #endif
 
@@ -313,6 +317,54 @@ template <typename D>
 ConditionResult<typename D::Scalar> kappa_plus(const Eigen::MatrixBase<D>& M,
                                                const KappaOptions<typename D::Scalar>& opts = {}) {
   return kappa(M, opts);
+}
+
+/// kappa(M) from the eigenvalues of its Gram matrix (M^T M or M M^T, whichever is smaller), for
+/// a double matrix expected to be well conditioned, such as W + λ I_k or an exactly corrected
+/// W (MATH.md §7). Forming the Gram matrix squares κ: σ_min then carries a relative error of
+/// about ε κ^2 instead of ε κ (MATH.md §3, "Squaring is not affordable"), in exchange for half
+/// the work of an SVD (a symmetric rank-k update and a symmetric eigensolver; BLAS syrk and
+/// LAPACK syevd where the build has LAPACKE). So the result is given only when its own estimate
+/// ε κ^2 is at most `max_error`; otherwise (and for NaN or Inf in M) the answer is empty and the
+/// caller takes an SVD (`kappa`). The result's method is "gram_eigen", its accuracy ε κ^2.
+/// Throws std::invalid_argument for an empty M or max_error outside (0, 1).
+template <typename = void>
+std::optional<ConditionResult<double>> kappa_via_gram(const CRef<double>& M,
+                                                      double max_error = 1e-12) {
+  constexpr const char* fn = "kappa_via_gram";
+  detail::check_nonempty<double>(fn, M);
+  if (!(max_error > 0 && max_error < 1))
+    detail::fail(fn, "max_error must be in (0, 1) (got " + std::to_string(max_error) + ")");
+  if (!M.allFinite()) return std::nullopt;
+  const Index m = M.rows(), n = M.cols(), k = std::min(m, n);
+  const bool tall = n <= m;  // G = M^T M (k = n), else G = M M^T (k = m)
+  Mat<double> G(k, k);
+  Vec<double> lambda(k);  // ascending
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  cblas_dsyrk(CblasColMajor, CblasLower, tall ? CblasTrans : CblasNoTrans, static_cast<int>(k),
+              static_cast<int>(tall ? m : n), 1.0, M.data(), static_cast<int>(M.outerStride()), 0.0,
+              G.data(), static_cast<int>(k));
+  if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(k), G.data(),
+                     static_cast<lapack_int>(k), lambda.data()) != 0)
+    return std::nullopt;
+#else
+  G.setZero();
+  if (tall)
+    G.selfadjointView<Eigen::Lower>().rankUpdate(M.transpose());
+  else
+    G.selfadjointView<Eigen::Lower>().rankUpdate(M);
+  Eigen::SelfAdjointEigenSolver<Mat<double>> es(G, Eigen::EigenvaluesOnly);
+  if (es.info() != Eigen::Success) return std::nullopt;
+  lambda = es.eigenvalues();
+#endif
+  if (!(lambda(0) > 0)) return std::nullopt;
+  const double error = ScalarTraits<double>::eps() * (lambda(k - 1) / lambda(0));
+  if (!(error <= max_error)) return std::nullopt;
+  Vec<double> sv(k);
+  for (Index i = 0; i < k; ++i) sv(i) = std::sqrt(lambda(k - 1 - i));
+  ConditionResult<double> res = condition_from_singular_values<double>(sv, m, n, {}, "gram_eigen");
+  res.accuracy = error;
+  return res;
 }
 
 }  // namespace spectral_cond
