@@ -145,8 +145,10 @@ int main(int argc, char** argv) {
   const double ws = 1.0 / std::sqrt(double(a.D));
   const Mat<double> X = randn(a.N, a.D, rng, 1.0), WQ = randn(a.D, a.dk, rng, ws),
                     WK = randn(a.D, a.dk, rng, ws), WV = randn(a.D, a.dv, rng, ws);
-  const Index n = a.N * a.dv, r = std::min(a.N, a.D), streamed = 2 * r * a.dk;
-  const bool wide = n <= r * (2 * a.dk + a.dv);
+  // Rows of J~^T streamed into R: the reduced query-key part (ReducedCompressedJacobian).
+  const Index n = a.N * a.dv, r = std::min(a.N, a.D), excess = std::max<Index>(0, r - a.dk),
+              streamed = r * r - excess * excess;
+  const bool wide = n <= streamed + r * a.dv;
   const double flops = wide ? 2.0 * double(streamed) * double(n) * double(n) : 0.0;
 
   double total = 0, factor = 0;

@@ -237,3 +237,45 @@ TEST_CASE("float inputs: J~ J~^T = J J^T to float accuracy") {
   const Mat<float> M = compressed_input_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts);
   check_same_spectrum<float>(jvp_jacobian(p, 1), M, 2e-5);
 }
+
+TEST_CASE("reduced J~: r^2 - (r - d_k)_+^2 query-key columns, same Gram and spectrum as J") {
+  const Case cases[] = {
+      {5, 8, 3, 2, MaskKind::None, 0, "N < D, r > d_k"},
+      {6, 6, 3, 4, MaskKind::None, 0, "N = D"},
+      {4, 6, 5, 3, MaskKind::None, 0, "r < d_k"},
+      {9, 4, 3, 2, MaskKind::None, 0, "N > D (tall)"},
+      {7, 6, 2, 3, MaskKind::None, 2, "rank-2 X"},
+      {6, 8, 3, 3, MaskKind::Causal, 0, "causal mask"},
+      {8, 8, 8, 8, MaskKind::None, 0, "d = N = D (halves the query-key part)"},
+      {1, 4, 2, 2, MaskKind::None, 0, "N = 1"},
+  };
+  std::uint64_t seed = 3030;
+  for (const Case& c : cases) {
+    INFO("seed=" << seed << " " << c.what << " N=" << c.N << " D=" << c.D << " dk=" << c.dk
+                 << " dv=" << c.dv);
+    const auto p = make_problem<double>(c.N, c.D, c.dk, c.dv, seed++, c.mask, c.xrank);
+    const ReducedCompressedJacobian<double> rj(p.X, p.WQ, p.WK, p.WV, p.opts);
+    const Index r = c.xrank > 0 ? c.xrank : std::min(c.N, c.D);
+    const Index excess = std::max<Index>(0, r - c.dk);
+    CHECK(rj.rank() == r);
+    CHECK(rj.rows() == c.N * c.dv);
+    CHECK(rj.reduced_cols() == r * r - excess * excess);
+    CHECK(rj.cols() == rj.reduced_cols() + r * c.dv);
+    CHECK(rj.reduced_cols() < 2 * r * c.dk);
+    const Mat<double> R = rj.matrix();
+    check_same_spectrum<double>(jvp_jacobian(p, 0), R, 1e-13);
+    // Column blocks across the boundary between the pairs and J~_V agree with the whole.
+    const Index j0 = std::max<Index>(0, rj.reduced_cols() - 2),
+                m = std::min<Index>(5, R.cols() - j0);
+    Mat<double> blk(rj.rows(), m);
+    rj.columns(j0, m, blk);
+    CHECK(rel_err(blk, R.middleCols(j0, m)) == 0.0);
+  }
+}
+
+TEST_CASE("reduced J~ in float: same Gram as J to float accuracy") {
+  const auto p = make_problem<float>(6, 7, 3, 2, 77);
+  const ReducedCompressedJacobian<float> rj(p.X, p.WQ, p.WK, p.WV, p.opts);
+  const Mat<double> R = rj.matrix().cast<double>(), J = jvp_jacobian(p, 0).cast<double>();
+  CHECK(rel_err(R * R.transpose(), J * J.transpose()) < 200 * sc_test::eps<float>());
+}

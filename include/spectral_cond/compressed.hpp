@@ -29,6 +29,8 @@
 #include "spectral_cond/detail/svd.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 namespace spectral_cond {
 
@@ -181,6 +183,112 @@ Mat<typename DX::Scalar> compressed_jacobian(
   using Scalar = typename DX::Scalar;
   return CompressedJacobian<Scalar>(X, WQ, WK, WV, opts).matrix();
 }
+
+/// J~ with its query–key part reduced (used by the qr method, qr_kappa.hpp): the same singular
+/// values as J with fewer columns. J~_QK = T C where T maps a logit perturbation dL (N x N) to
+/// dA and C = c [K ⊗ L | (L ⊗ Q) Π] (Π the vec-transpose permutation), so with K = L K^,
+/// Q = L Q^ (K^ = V_X^T W_K, Q^ = V_X^T W_Q, r x d_k):
+///   C C^T = c^2 (L ⊗ L) (K^K^^T ⊗ I_r + I_r ⊗ Q^Q^^T) (L ⊗ L)^T,
+/// a Kronecker sum between the same factors. With the full SVDs Q^ = E_Q Σ_Q .., K^ = E_K Σ_K ..
+/// (λ_Q,a = σ_Q,a^2, zero past d_k) its square root F has the columns
+///   f_ab = c sqrt(λ_Q,a + λ_K,b) vec(u_a v_b^T),   u_a = L E_Q e_a,  v_b = L E_K e_b,
+/// one for each pair with λ_Q,a + λ_K,b > 0: r^2 - max(0, r - d_k)^2 < 2 r d_k of them
+/// (4096 instead of 8192 at N = D = d_k = d_v = 64). The logit perturbation u v^T is rank one,
+/// so T f_ab = c sqrt(λ_Q,a + λ_K,b) vec(diag(u_a) B(v_b)), B(v) = P (v ∘ V) - (P v) ∘ A, as
+/// for J~'s own columns. J_QK J_QK^T = T F F^T T^T exactly, so [T F | J~_V] has the singular
+/// values of J. The SVDs of Q^ and K^ are backward stable, so the computed F is the exact F of
+/// W_Q, W_K perturbed by O(ε) relatively: the reduction keeps the qr method's ε κ(J) accuracy.
+/// Columns: [the pairs (a, b), b-major | J~_V as in CompressedJacobian].
+template <typename Scalar>
+class ReducedCompressedJacobian {
+ public:
+  ReducedCompressedJacobian() = default;
+  ReducedCompressedJacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                            const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts = {})
+      : cj_(X, WQ, WK, WV, opts) {
+    const AttentionCache<Scalar>& ca = cj_.cache();
+    const Mat<Scalar>& L = cj_.L();
+    const Index N = L.rows(), r = L.cols(), dv = ca.d_v();
+    const Mat<Scalar> Qh = cj_.VX().transpose() * WQ, Kh = cj_.VX().transpose() * WK;
+    Vec<Scalar> lq, lk;
+    Mat<Scalar> EQ, EK;
+    squared_spectrum(Qh, EQ, lq);
+    squared_spectrum(Kh, EK, lk);
+    U_.noalias() = L * EQ;
+    Mat<Scalar> Vb = L * EK;
+    Bv_.resize(N, r * dv);
+    Mat<Scalar> tmp(N, dv);
+    Vec<Scalar> Pw(N);
+    for (Index b = 0; b < r; ++b) {  // B(v_b) = P (v_b ∘ V) - (P v_b) ∘ A
+      auto out = Bv_.middleCols(b * dv, dv);
+      tmp.noalias() = Vb.col(b).asDiagonal() * ca.V;
+      out.noalias() = ca.P * tmp;
+      Pw.noalias() = ca.P * Vb.col(b);
+      out -= Pw.asDiagonal() * ca.A;
+    }
+    for (Index b = 0; b < r; ++b)
+      for (Index a = 0; a < r; ++a) {
+        const Scalar w = ca.scale * std::sqrt(lq(a) + lk(b));
+        if (w > Scalar(0)) pairs_.push_back({a, b, w});
+      }
+  }
+
+  Index rows() const { return cj_.rows(); }  ///< N d_v
+  /// The pairs, then r d_v columns of J~_V.
+  Index cols() const { return reduced_cols() + cj_.rank() * cj_.cache().d_v(); }
+  Index reduced_cols() const { return static_cast<Index>(pairs_.size()); }  ///< the pairs
+  Index rank() const { return cj_.rank(); }                                 ///< r = rank(X)
+  const Mat<Scalar>& PL() const { return cj_.PL(); }  ///< J~_V = I_{d_v} ⊗ P L
+  const CompressedJacobian<Scalar>& compressed() const { return cj_; }
+
+  /// Columns [j0, j0 + m) into `out` (rows() x m). Allocates nothing.
+  void columns(Index j0, Index m, Ref<Scalar> out) const {
+    detail::check_block<Scalar>("ReducedCompressedJacobian::columns", j0, m, cols(), rows(), out);
+    const Index N = U_.rows(), dv = cj_.cache().d_v(), np = reduced_cols();
+    for (Index t = 0; t < m; ++t) {
+      const Index j = j0 + t;
+      if (j < np) {
+        const Pair& p = pairs_[static_cast<std::size_t>(j)];
+        for (Index q = 0; q < dv; ++q)
+          out.col(t).segment(q * N, N) = p.w * U_.col(p.a).cwiseProduct(Bv_.col(p.b * dv + q));
+      } else {  // J~_V's column j - np, J~'s column j - np + 2 r d_k
+        cj_.columns(j - np + 2 * cj_.rank() * cj_.cache().d_k(), 1, out.col(t));
+      }
+    }
+  }
+
+  /// The whole matrix, by value.
+  Mat<Scalar> matrix() const {
+    Mat<Scalar> M(rows(), cols());
+    columns(0, cols(), M);
+    return M;
+  }
+
+ private:
+  struct Pair {
+    Index a, b;
+    Scalar w;
+  };
+  /// M (r x d) = E diag(σ) .. with E square orthogonal (r x r); lambda = σ^2 padded with zeros.
+  static void squared_spectrum(const Mat<Scalar>& M, Mat<Scalar>& E, Vec<Scalar>& lambda) {
+    const Index r = M.rows();
+    if (r == 0 || M.cols() == 0) {  // X = 0 (rank 0), or no columns: no pairs
+      E = Mat<Scalar>::Identity(r, r);
+      lambda = Vec<Scalar>::Zero(r);
+      return;
+    }
+    Eigen::JacobiSVD<Mat<Scalar>> svd(M, Eigen::ComputeFullU);
+    E = svd.matrixU();
+    lambda = Vec<Scalar>::Zero(r);
+    const Vec<Scalar>& s = svd.singularValues();
+    lambda.head(s.size()) = s.cwiseAbs2();
+  }
+
+  CompressedJacobian<Scalar> cj_;
+  Mat<Scalar> U_;   ///< L E_Q, N x r
+  Mat<Scalar> Bv_;  ///< [B(v_1) … B(v_r)], N x (r d_v)
+  std::vector<Pair> pairs_;
+};
 
 /// The compressed input Jacobian M of J_X = d vec A / d vec X (see the header comment):
 /// (N d_v) x (N s), s = rank([W_Q | W_K | W_V]), J_X = M (U_W^T ⊗ I_N), same nonzero singular

@@ -407,7 +407,10 @@ ConditionResult<Scalar> kappa_qr_driver(const char* fn, const CRef<Scalar>& X,
 /// Rank and kappa_plus follow ConditionResult's rules with the rank tolerance of J's shape.
 /// When J~ is tall (N d_v > r (2 d_k + d_v)) the gauge directions (W_Q E, -W_K E^T, 0) are in
 /// J's null space (MATH.md §4): kappa = +inf, and kappa_plus with the rank is the answer.
-/// Cost (wide J~): 4 r d_k (N d_v)^2 flops and (N d_v)^2 doubles of memory, plus one block.
+/// J~'s query-key part is first reduced from 2 r d_k to r^2 - max(0, r - d_k)^2 columns with
+/// the same Gram matrix (ReducedCompressedJacobian, compressed.hpp).
+/// Cost (wide J~): 2 (r^2 - max(0, r - d_k)^2) (N d_v)^2 flops and (N d_v)^2 doubles of
+/// memory, plus one block.
 /// Throws std::invalid_argument for bad shapes or options; NaN or Inf input gives InvalidInput.
 template <typename Scalar>
 ConditionResult<Scalar> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
@@ -415,14 +418,20 @@ ConditionResult<Scalar> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scal
                                           const AttentionOptions<Scalar>& opts,
                                           const QrKappaOptions& qopts = {}) {
   const Index mJ = X.rows() * WV.cols(), nJ = X.cols() * (2 * WQ.cols() + WV.cols());
-  return detail::kappa_qr_driver<Scalar, CompressedJacobian<double>>(
+  return detail::kappa_qr_driver<Scalar, ReducedCompressedJacobian<double>>(
       "kappa_jacobian_qr", X, WQ, WK, WV, opts, qopts,
-      [&](const CompressedJacobian<double>& cj, std::ostringstream& note) {
-        note << "J~ from rank(X) = " << cj.rank() << "; ";
-        auto res = detail::qr_condition(cj, mJ, nJ, &cj.PL(), qopts, note);
+      [&](const ReducedCompressedJacobian<double>& rj, std::ostringstream& note) {
+        const CompressedJacobian<double>& cj = rj.compressed();
+        note << "J~ from rank(X) = " << cj.rank() << ", its query-key part reduced from "
+             << cj.cols() - rj.cols() + rj.reduced_cols() << " to " << rj.reduced_cols()
+             << " columns; ";
+        auto res = detail::qr_condition(rj, mJ, nJ, &rj.PL(), qopts, note);
         if (cj.rows() > cj.cols())
           note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
                   "(MATH.md 4), kappa_plus is the informative number";
+        else if (rj.rows() > rj.cols())
+          note << "; the reduced J~ has fewer columns than rows, so rank(J) < N d_v: J is "
+                  "singular by its structure, kappa_plus is the informative number";
         return res;
       });
 }
