@@ -108,7 +108,7 @@ struct ConditionResult {
   Scalar kappa_plus = 0;      ///< σ_1 / sigma_min_plus
   Index rank = 0;             ///< number of singular values above rank_tol
   Scalar rank_tol = 0;        ///< the absolute tolerance used: rtol · σ_1
-  std::string method;         ///< "jacobi_svd", "bdc_svd", "lapack_gesdd", or an iterative method
+  std::string method;  ///< "jacobi_svd", "bdc_svd", "lapack_gesdd", "gram_eigen" or an iterative one
   /// Estimated relative error of sigma_min. A dense backward-stable SVD computes every σ_i to
   /// an absolute error of about ε σ_1 (times a modest polynomial in m, n, omitted here), so
   /// this is ε · kappa; +inf when singular (the computed σ_min is then rounding noise).
