@@ -36,15 +36,18 @@ struct Inputs {
 };
 
 double flops_forward(const Size& s) {
-  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D), d = static_cast<double>(s.d);
+  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D),
+               d = static_cast<double>(s.d);
   return 2 * N * D * 3 * d + 2 * N * N * d * 2;
 }
 double flops_jvp(const Size& s) {  // all four tangents
-  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D), d = static_cast<double>(s.d);
+  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D),
+               d = static_cast<double>(s.d);
   return 2 * 2 * N * D * 3 * d + 2 * 2 * N * N * d + 2 * 2 * N * N * d;
 }
 double flops_vjp(const Size& s) {
-  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D), d = static_cast<double>(s.d);
+  const double N = static_cast<double>(s.N), D = static_cast<double>(s.D),
+               d = static_cast<double>(s.d);
   return 2 * N * N * d * 4 + 2 * N * D * 3 * d * 2;
 }
 
@@ -80,7 +83,8 @@ void BM_jvp(benchmark::State& st, Size s) {
   sc::AttentionWorkspace<double> ws;
   M dA(s.N, s.d);
   for (auto _ : st) {
-    sc::attention_jvp<double>(in.X, in.WQ, in.WK, in.WV, cache, in.dWQ, in.dWK, in.dWV, in.dX, ws, dA);
+    sc::attention_jvp<double>(in.X, in.WQ, in.WK, in.WV, cache, in.dWQ, in.dWK, in.dWV, in.dX, ws,
+                              dA);
     benchmark::DoNotOptimize(dA.data());
   }
 }
@@ -120,8 +124,10 @@ std::string name(const char* what, const Size& s) {
 int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("gemm/512", BM_gemm)->Unit(benchmark::kMillisecond);
   for (const Size& s : kSizes) {
-    benchmark::RegisterBenchmark(name("forward", s).c_str(), BM_forward, s)->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(name("forward_products", s).c_str(), BM_forward_products, s)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(name("forward", s).c_str(), BM_forward, s)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(name("forward_products", s).c_str(), BM_forward_products, s)
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(name("jvp", s).c_str(), BM_jvp, s)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(name("vjp", s).c_str(), BM_vjp, s)->Unit(benchmark::kMillisecond);
   }
@@ -140,8 +146,8 @@ int main(int argc, char** argv) {
     if (f <= 0 || p <= 0 || j <= 0 || v <= 0) continue;
     char sz[32];
     std::snprintf(sz, sizeof sz, "(%ld, %ld, %ld)", s.N, s.D, s.d);
-    std::printf("%-22s %10.3f %10.3f %10.3f %8.0f%% %8.0f%% %8.0f%% %13.2fx %s\n", sz, f * 1e3, j * 1e3,
-                v * 1e3, 100 * flops_forward(s) / f / 1e9 / gemm_rate,
+    std::printf("%-22s %10.3f %10.3f %10.3f %8.0f%% %8.0f%% %8.0f%% %13.2fx %s\n", sz, f * 1e3,
+                j * 1e3, v * 1e3, 100 * flops_forward(s) / f / 1e9 / gemm_rate,
                 100 * flops_jvp(s) / j / 1e9 / gemm_rate, 100 * flops_vjp(s) / v / 1e9 / gemm_rate,
                 f / p, f / p <= 2.0 ? "(goal <= 2x: met)" : "(goal <= 2x: NOT met)");
   }

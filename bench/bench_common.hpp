@@ -5,6 +5,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <map>
 #include <random>
 #include <string>
@@ -30,6 +31,12 @@ class CollectingReporter : public benchmark::ConsoleReporter {
  private:
   std::map<std::string, double> seconds_;
 };
+
+using Clock = std::chrono::steady_clock;
+/// Seconds since t.
+inline double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 template <typename M>
 M randn(Eigen::Index r, Eigen::Index c, std::mt19937_64& rng, double s = 1.0) {

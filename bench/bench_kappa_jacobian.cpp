@@ -16,6 +16,8 @@
 #include <spectral_cond/jacobian_kappa.hpp>
 #include <spectral_cond/kappa.hpp>
 
+#include "bench_common.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,16 +29,10 @@ using namespace spectral_cond;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
+using sc_bench::Clock;
+using sc_bench::since;
 Mat<double> randn(Index r, Index c, std::mt19937_64& rng, double s) {
-  std::normal_distribution<double> d(0.0, s);
-  Mat<double> m(r, c);
-  for (Index k = 0; k < m.size(); ++k) m.data()[k] = d(rng);
-  return m;
+  return sc_bench::randn<Mat<double>>(r, c, rng, s);
 }
 
 double rel(double a, double b) {

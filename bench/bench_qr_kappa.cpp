@@ -14,6 +14,8 @@
 #include <spectral_cond/kappa.hpp>
 #include <spectral_cond/qr_kappa.hpp>
 
+#include "bench_common.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,51 +28,35 @@ using namespace spectral_cond;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
+using sc_bench::Clock;
+using sc_bench::since;
 Mat<double> randn(Index r, Index c, std::mt19937_64& rng, double s) {
-  std::normal_distribution<double> d(0.0, s);
-  Mat<double> m(r, c);
-  for (Index k = 0; k < m.size(); ++k) m.data()[k] = d(rng);
-  return m;
+  return sc_bench::randn<Mat<double>>(r, c, rng, s);
 }
 
-/// Eigen's double GEMM rate (flop/s) on n x k times k x n, best of three, single call each.
-double gemm_rate(Index n, Index k) {
+/// Double GEMM rate (flop/s) on n x k times k x n, best of three single calls: Eigen's
+/// (one thread, portable kernels) or, with `blas`, BLAS's with its own threads, the machine's
+/// rate for the qr method built with LAPACKE, whose updates are BLAS GEMMs.
+double gemm_rate(Index n, Index k, bool blas) {
   std::mt19937_64 rng(1);
   const Mat<double> A = randn(n, k, rng, 1.0), B = randn(k, n, rng, 1.0);
   Mat<double> C(n, n);
   double best = 1e300;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t = Clock::now();
-    C.noalias() = A * B;
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+    if (blas)
+      cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(k), 1.0, A.data(),
+                  int(n), B.data(), int(k), 0.0, C.data(), int(n));
+    else
+#endif
+      C.noalias() = A * B;
     best = std::min(best, since(t));
   }
+  (void)blas;
   std::printf("  (GEMM check value %.3e)\n", C(0, 0));
   return 2.0 * double(n) * double(n) * double(k) / best;
 }
-
-#ifdef SPECTRAL_COND_HAVE_LAPACKE
-/// BLAS's double GEMM rate (flop/s) with its own threads, as gemm_rate: the machine's GEMM
-/// rate for the qr method built with LAPACKE, whose updates are BLAS GEMMs.
-double blas_gemm_rate(Index n, Index k) {
-  std::mt19937_64 rng(1);
-  const Mat<double> A = randn(n, k, rng, 1.0), B = randn(k, n, rng, 1.0);
-  Mat<double> C(n, n);
-  double best = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t = Clock::now();
-    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(k), 1.0, A.data(),
-                int(n), B.data(), int(k), 0.0, C.data(), int(n));
-    best = std::min(best, since(t));
-  }
-  std::printf("  (BLAS GEMM check value %.3e)\n", C(0, 0));
-  return 2.0 * double(n) * double(n) * double(k) / best;
-}
-#endif
 
 struct Args {
   Index N = 64, D = 64, dk = 64, dv = 64;
@@ -181,7 +167,7 @@ int main(int argc, char** argv) {
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
   if (!a.vitb) {
     // The updates are BLAS GEMMs with BLAS's threads: judged against BLAS's own GEMM rate.
-    const double gemm = blas_gemm_rate(2048, 1024), eigen_gemm = gemm_rate(2048, 1024);
+    const double gemm = gemm_rate(2048, 1024, true), eigen_gemm = gemm_rate(2048, 1024, false);
     std::printf(
         "qr streaming: %.2f Gflop/s; BLAS GEMM 2048 x 1024 x 2048: %.2f Gflop/s (same threads); "
         "QR at %.0f%% of the GEMM rate (goal >= 50%%); Eigen's portable GEMM, one thread: "
@@ -196,7 +182,7 @@ int main(int argc, char** argv) {
     double total1 = 0, factor1 = 0;
     const auto qr1 = run_qr(a, X, WQ, WK, WV, q1, total1, factor1, false);
     const double rate1 = flops / factor1;
-    const double gemm = gemm_rate(2048, 1024);
+    const double gemm = gemm_rate(2048, 1024, false);
     std::printf(
         "qr, 1 thread: %.3f s total, %.3f s streaming, %.2f Gflop/s; Eigen GEMM 2048 x "
         "1024 x 2048: %.2f Gflop/s; QR at %.0f%% of the GEMM rate (goal >= 50%%); "
@@ -208,33 +194,23 @@ int main(int argc, char** argv) {
 
   Mat<double> J;
   if (a.dense || !a.npy_dir.empty()) J = attention_jacobian(X, WQ, WK, WV);
-  if (a.dense) {
+  // A dense SVD of J by `svd`, timed, against the qr result (goal: >= 20x at <= 1e-9).
+  auto dense = [&](SvdMethod svd, const char* name) {
     const auto t0 = Clock::now();
     KappaOptions<double> ko;
-    ko.svd = SvdMethod::BDC;
+    ko.svd = svd;
     const auto d = kappa(J, ko);
     const double dense_s = since(t0);
-    print_result("dense BDCSVD of J", d);
+    print_result(name, d);
     std::printf(
-        "dense SVD of J (%ld x %ld): %.3f s; time ratio dense / qr = %.1fx (goal >= "
-        "20x); sigma_min rel. diff %.2e, kappa rel. diff %.2e (goal <= 1e-9; both carry "
-        "about eps kappa = %.1e)\n",
-        static_cast<long>(J.rows()), static_cast<long>(J.cols()), dense_s, dense_s / total,
+        "%s (%ld x %ld): %.3f s; time ratio dense / qr = %.1fx (goal >= 20x); sigma_min rel. "
+        "diff %.2e, kappa rel. diff %.2e (goal <= 1e-9; both carry about eps kappa = %.1e)\n",
+        name, static_cast<long>(J.rows()), static_cast<long>(J.cols()), dense_s, dense_s / total,
         std::abs(qr.sigma_min - d.sigma_min) / d.sigma_min, std::abs(qr.kappa - d.kappa) / d.kappa,
         2.22e-16 * d.kappa);
-  }
-  if (a.dense && have_lapacke()) {
-    const auto t0 = Clock::now();
-    KappaOptions<double> ko;
-    ko.svd = SvdMethod::Lapack;
-    const auto d = kappa(J, ko);
-    const double dense_s = since(t0);
-    print_result("dense LAPACK gesdd of J", d);
-    std::printf(
-        "LAPACK gesdd of J: %.3f s; time ratio gesdd / qr = %.1fx (goal >= 20x); sigma_min rel. "
-        "diff %.2e\n",
-        dense_s, dense_s / total, std::abs(qr.sigma_min - d.sigma_min) / d.sigma_min);
-  }
+  };
+  if (a.dense) dense(SvdMethod::BDC, "dense Eigen BDCSVD of J");
+  if (a.dense && have_lapacke()) dense(SvdMethod::Lapack, "dense LAPACK gesdd of J");
   if (!a.npy_dir.empty()) {
     io::write_npy(a.npy_dir + "/X.npy", X);
     io::write_npy(a.npy_dir + "/WQ.npy", WQ);

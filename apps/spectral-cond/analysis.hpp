@@ -109,7 +109,8 @@ struct Addend {
   bool unit_singular_values = false;
 };
 
-/// The addends of one analysis, by (rows, cols, heads, d, column offset, kind).
+/// The addends of one analysis, by (rows, cols, heads, d, column offset, kind); kind 0 is the
+/// identity of shape rows x cols, 1 the per-head stack, 2 a head's column slice of an identity.
 class AddendCache {
  public:
   template <typename Make>
@@ -134,9 +135,7 @@ inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Addend& A, dou
   const Mat<double> Wc = W + lambda * E;
   // W + λ E is usually well conditioned (λ = 10 against σ_1(W) of order 1): its Gram
   // eigenvalues then give κ at half the cost of an SVD and to ε κ^2 <= 1e-12; otherwise an SVD.
-  const std::optional<ConditionResult<double>> g = kappa_via_gram(Wc);
-  const ConditionResult<double> c =
-      g ? *g : condition_from_singular_values<double>(singular_values(Wc), W.rows(), W.cols());
+  const ConditionResult<double> c = spectral_cond::detail::kappa_via_gram_or_svd(Wc);
   CorrectedKappa r;
   r.sigma_max = c.sigma_max;
   r.sigma_min = c.sigma_min;

@@ -89,8 +89,8 @@ template <typename Scalar>
 void check_attention_inputs(const char* fn, const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                             const CRef<Scalar>& WK, const CRef<Scalar>& WV) {
   const Index N = X.rows(), D = X.cols();
-  if (N < 1 || D < 1) fail(fn, "X must have at least one row and one column (got " +
-                                   shape_str(N, D) + ")");
+  if (N < 1 || D < 1)
+    fail(fn, "X must have at least one row and one column (got " + shape_str(N, D) + ")");
   if (WQ.cols() < 1 || WV.cols() < 1) fail(fn, "W_Q and W_V must have at least one column");
   require_shape(fn, "W_Q", "D x d_k", D, WQ.cols(), WQ);
   require_shape(fn, "W_K", "D x d_k", D, WQ.cols(), WK);
@@ -154,10 +154,8 @@ AttentionCache<typename DX::Scalar> attention_forward(
 
 /// The attention output A alone.
 template <typename DX, typename DQ, typename DK, typename DV>
-Mat<typename DX::Scalar> attention(const Eigen::MatrixBase<DX>& X,
-                                   const Eigen::MatrixBase<DQ>& WQ,
-                                   const Eigen::MatrixBase<DK>& WK,
-                                   const Eigen::MatrixBase<DV>& WV,
+Mat<typename DX::Scalar> attention(const Eigen::MatrixBase<DX>& X, const Eigen::MatrixBase<DQ>& WQ,
+                                   const Eigen::MatrixBase<DK>& WK, const Eigen::MatrixBase<DV>& WV,
                                    const AttentionOptions<typename DX::Scalar>& opts = {}) {
   return attention_forward(X, WQ, WK, WV, opts).A;
 }
@@ -187,9 +185,8 @@ void attention_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   if (k_moves) detail::projection_tangent<Scalar>(X, WK, dWK, dX, ws.dK);
   if (v_moves) detail::projection_tangent<Scalar>(X, WV, dWV, dX, ws.dV);
   const Mat<Scalar> zero;
-  detail::jvp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale,
-                          q_moves ? ws.dQ : zero, k_moves ? ws.dK : zero, v_moves ? ws.dV : zero,
-                          ws.NxN, ws.r, dA);
+  detail::jvp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, q_moves ? ws.dQ : zero,
+                          k_moves ? ws.dK : zero, v_moves ? ws.dV : zero, ws.NxN, ws.r, dA);
 }
 
 /// By-value JVP.
@@ -223,8 +220,8 @@ void attention_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   detail::ensure_size(ws.dQ, N, dk);
   detail::ensure_size(ws.dK, N, dk);
   detail::ensure_size(ws.dV, N, dv);
-  detail::vjp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, G, ws.NxN, ws.r,
-                          ws.dQ, ws.dK, ws.dV, /*accumulate=*/false);
+  detail::vjp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, G, ws.NxN, ws.r, ws.dQ,
+                          ws.dK, ws.dV, /*accumulate=*/false);
   if (gWQ.size() > 0) gWQ.noalias() = X.transpose() * ws.dQ;
   if (gWK.size() > 0) gWK.noalias() = X.transpose() * ws.dK;
   if (gWV.size() > 0) gWV.noalias() = X.transpose() * ws.dV;

@@ -45,11 +45,16 @@ enum class Info {
 
 inline const char* to_string(Info info) {
   switch (info) {
-    case Info::Success: return "success";
-    case Info::Singular: return "singular";
-    case Info::NotConverging: return "not_converging";
-    case Info::InvalidInput: return "invalid_input";
-    case Info::Inaccurate: return "inaccurate";
+    case Info::Success:
+      return "success";
+    case Info::Singular:
+      return "singular";
+    case Info::NotConverging:
+      return "not_converging";
+    case Info::InvalidInput:
+      return "invalid_input";
+    case Info::Inaccurate:
+      return "inaccurate";
   }
   return "unknown";
 }
@@ -63,9 +68,12 @@ enum class MaskKind {
 
 inline const char* to_string(MaskKind m) {
   switch (m) {
-    case MaskKind::None: return "none";
-    case MaskKind::Causal: return "causal";
-    case MaskKind::Additive: return "additive";
+    case MaskKind::None:
+      return "none";
+    case MaskKind::Causal:
+      return "causal";
+    case MaskKind::Additive:
+      return "additive";
   }
   return "unknown";
 }

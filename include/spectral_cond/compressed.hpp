@@ -50,6 +50,18 @@ void truncated_svd(const CRef<Scalar>& M, Mat<Scalar>& US, Mat<Scalar>& V) {
   V = svd.matrixV().leftCols(r);
 }
 
+/// out = P (w ∘ V) - (P w) ∘ A (N x d_v): dA for the rank-one logit perturbation u w^T with
+/// u = 1, which MATH.md §3's columns scale row-wise by u. `tmp` (N x d_v) and `Pw` (N) are
+/// scratch.
+template <typename Scalar, typename W, typename Out>
+void rank_one_logit_response(const Mat<Scalar>& P, const Mat<Scalar>& V, const Mat<Scalar>& A,
+                             const W& w, Out&& out, Mat<Scalar>& tmp, Vec<Scalar>& Pw) {
+  tmp.noalias() = w.asDiagonal() * V;
+  out.noalias() = P * tmp;
+  Pw.noalias() = P * w;
+  out -= Pw.asDiagonal() * A;
+}
+
 template <typename Scalar>
 void require_finite(const char* fn, const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                     const CRef<Scalar>& WK, const CRef<Scalar>& WV) {
@@ -98,14 +110,10 @@ class CompressedJacobian {
     E_.resize(N, r * dv);
     Mat<Scalar> tmp(N, dv);
     Vec<Scalar> Pw(N);
-    auto fill = [&](const auto& w, auto out) {  // out = P (w ∘ V) - (P w) ∘ A
-      tmp.noalias() = w.asDiagonal() * V;
-      out.noalias() = P * tmp;
-      Pw.noalias() = P * w;
-      out -= Pw.asDiagonal() * A;
-    };
-    for (Index b = 0; b < dk; ++b) fill(cache_.K.col(b), B_.middleCols(b * dv, dv));
-    for (Index k = 0; k < r; ++k) fill(L_.col(k), E_.middleCols(k * dv, dv));
+    for (Index b = 0; b < dk; ++b)
+      detail::rank_one_logit_response(P, V, A, cache_.K.col(b), B_.middleCols(b * dv, dv), tmp, Pw);
+    for (Index k = 0; k < r; ++k)
+      detail::rank_one_logit_response(P, V, A, L_.col(k), E_.middleCols(k * dv, dv), tmp, Pw);
     PL_.noalias() = P * L_;
   }
 
@@ -184,10 +192,12 @@ Mat<typename DX::Scalar> compressed_jacobian(
   return CompressedJacobian<Scalar>(X, WQ, WK, WV, opts).matrix();
 }
 
-/// J~ with its query–key part reduced (used by the qr method, qr_kappa.hpp): the same singular
-/// values as J with fewer columns. J~_QK = T C where T maps a logit perturbation dL (N x N) to
-/// dA and C = c [K ⊗ L | (L ⊗ Q) Π] (Π the vec-transpose permutation), so with K = L K^,
-/// Q = L Q^ (K^ = V_X^T W_K, Q^ = V_X^T W_Q, r x d_k):
+/// J~ of MATH.md §3 ("The compressed Jacobian") with its query–key part reduced (used by the
+/// qr method, qr_kappa.hpp): the same singular values as J with fewer columns. The reduction is
+/// derived here (MATH.md does not have it); the tests check it against J built from JVPs. J~_QK = T
+/// C where T maps a logit perturbation dL (N x N) to dA and C = c [K ⊗ L | (L ⊗ Q) Π] (Π the
+/// vec-transpose permutation), so with K = L K^, Q = L Q^ (K^ = V_X^T W_K, Q^ = V_X^T W_Q, r x
+/// d_k):
 ///   C C^T = c^2 (L ⊗ L) (K^K^^T ⊗ I_r + I_r ⊗ Q^Q^^T) (L ⊗ L)^T,
 /// a Kronecker sum between the same factors. With the full SVDs Q^ = E_Q Σ_Q .., K^ = E_K Σ_K ..
 /// (λ_Q,a = σ_Q,a^2, zero past d_k) its square root F has the columns
@@ -219,13 +229,9 @@ class ReducedCompressedJacobian {
     Bv_.resize(N, r * dv);
     Mat<Scalar> tmp(N, dv);
     Vec<Scalar> Pw(N);
-    for (Index b = 0; b < r; ++b) {  // B(v_b) = P (v_b ∘ V) - (P v_b) ∘ A
-      auto out = Bv_.middleCols(b * dv, dv);
-      tmp.noalias() = Vb.col(b).asDiagonal() * ca.V;
-      out.noalias() = ca.P * tmp;
-      Pw.noalias() = ca.P * Vb.col(b);
-      out -= Pw.asDiagonal() * ca.A;
-    }
+    for (Index b = 0; b < r; ++b)  // B(v_b)
+      detail::rank_one_logit_response(ca.P, ca.V, ca.A, Vb.col(b), Bv_.middleCols(b * dv, dv), tmp,
+                                      Pw);
     for (Index b = 0; b < r; ++b)
       for (Index a = 0; a < r; ++a) {
         const Scalar w = ca.scale * std::sqrt(lq(a) + lk(b));

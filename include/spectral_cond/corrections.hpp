@@ -126,14 +126,10 @@ ExactCorrection<Scalar> exact_correction_from_svd(const CRef<Scalar>& W, const T
   // κ(W + C) is at most 2 when the correction is the plain one: in double, the Gram eigenvalues
   // give it to ε κ^2 <= 1e-12 at half the cost of the SVD that `kappa` falls back to.
   ConditionResult<Scalar> after;
-  bool have_after = false;
-  if constexpr (std::is_same<Scalar, double>::value) {
-    if (const auto g = kappa_via_gram(res.W_corrected)) {
-      after = *g;
-      have_after = true;
-    }
-  }
-  if (!have_after) after = kappa(res.W_corrected);
+  if constexpr (std::is_same<Scalar, double>::value)
+    after = detail::kappa_via_gram_or_svd(res.W_corrected);
+  else
+    after = kappa(res.W_corrected);
   res.kappa_after = after.kappa;
   res.info = after.info;
   if (s1 == Scalar(0)) note << "W = 0: the correction is zero and W + C stays singular";

@@ -108,7 +108,8 @@ struct ConditionResult {
   Scalar kappa_plus = 0;      ///< σ_1 / sigma_min_plus
   Index rank = 0;             ///< number of singular values above rank_tol
   Scalar rank_tol = 0;        ///< the absolute tolerance used: rtol · σ_1
-  std::string method;  ///< "jacobi_svd", "bdc_svd", "lapack_gesdd", "gram_eigen" or an iterative one
+  std::string
+      method;  ///< "jacobi_svd", "bdc_svd", "lapack_gesdd", "gram_eigen" or an iterative one
   /// Estimated relative error of sigma_min. A dense backward-stable SVD computes every σ_i to
   /// an absolute error of about ε σ_1 (times a modest polynomial in m, n, omitted here), so
   /// this is ε · kappa; +inf when singular (the computed σ_min is then rounding noise).
@@ -366,5 +367,15 @@ std::optional<ConditionResult<double>> kappa_via_gram(const CRef<double>& M,
   res.accuracy = error;
   return res;
 }
+
+namespace detail {
+/// κ of a double matrix expected to be well conditioned: kappa_via_gram where it answers, else
+/// the SVD of `kappa` (MATH.md §4).
+template <typename = void>
+ConditionResult<double> kappa_via_gram_or_svd(const CRef<double>& M) {
+  if (auto g = kappa_via_gram(M)) return *g;
+  return kappa(M);
+}
+}  // namespace detail
 
 }  // namespace spectral_cond

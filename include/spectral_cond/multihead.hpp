@@ -43,8 +43,8 @@ struct MultiHeadOptions : AttentionOptions<Scalar> {
     } else if (WQ.cols() < s.heads || WQ.cols() % s.heads != 0) {
       e << "W_Q has " << WQ.cols() << " columns, not a positive multiple of heads = " << s.heads;
     } else if (WV.cols() < s.kv_heads || WV.cols() % s.kv_heads != 0) {
-      e << "W_V has " << WV.cols() << " columns, not a positive multiple of kv_heads = "
-        << s.kv_heads;
+      e << "W_V has " << WV.cols()
+        << " columns, not a positive multiple of kv_heads = " << s.kv_heads;
     }
     if (!e.str().empty()) detail::fail(fn, e.str());
     s.d_k = WQ.cols() / s.heads;
@@ -102,11 +102,10 @@ void multihead_forward(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef
   cache.scale = opts.resolved_scale(s.d_k);
   for (Index j = 0; j < s.heads; ++j) {
     const Index g = s.kv_of(j);
-    detail::forward_qkv<Scalar>(cache.Q.middleCols(j * s.d_k, s.d_k),
-                                cache.K.middleCols(g * s.d_k, s.d_k),
-                                cache.V.middleCols(g * s.d_v, s.d_v), cache.scale, opts.mask,
-                                opts.additive_or_null(), cache.P[static_cast<size_t>(j)],
-                                cache.A.middleCols(j * s.d_v, s.d_v), cache.rowbuf);
+    detail::forward_qkv<Scalar>(
+        cache.Q.middleCols(j * s.d_k, s.d_k), cache.K.middleCols(g * s.d_k, s.d_k),
+        cache.V.middleCols(g * s.d_v, s.d_v), cache.scale, opts.mask, opts.additive_or_null(),
+        cache.P[static_cast<size_t>(j)], cache.A.middleCols(j * s.d_v, s.d_v), cache.rowbuf);
   }
 }
 
@@ -181,11 +180,9 @@ void multihead_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
     const Index g = s.kv_of(j);
     detail::vjp_qkv<Scalar>(cache.Q.middleCols(j * s.d_k, s.d_k),
                             cache.K.middleCols(g * s.d_k, s.d_k),
-                            cache.V.middleCols(g * s.d_v, s.d_v),
-                            cache.P[static_cast<size_t>(j)], cache.scale,
-                            G.middleCols(j * s.d_v, s.d_v), ws.NxN, ws.r,
-                            ws.dQ.middleCols(j * s.d_k, s.d_k),
-                            ws.dK.middleCols(g * s.d_k, s.d_k),
+                            cache.V.middleCols(g * s.d_v, s.d_v), cache.P[static_cast<size_t>(j)],
+                            cache.scale, G.middleCols(j * s.d_v, s.d_v), ws.NxN, ws.r,
+                            ws.dQ.middleCols(j * s.d_k, s.d_k), ws.dK.middleCols(g * s.d_k, s.d_k),
                             ws.dV.middleCols(g * s.d_v, s.d_v), /*accumulate=*/true);
   }
   if (gWQ.size() > 0) gWQ.noalias() = X.transpose() * ws.dQ;
@@ -219,8 +216,7 @@ AttentionGradients<Scalar> multihead_vjp(const CRef<Scalar>& X, const CRef<Scala
 template <typename Scalar>
 Mat<Scalar> multihead_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                           const CRef<Scalar>& WV, const MultiHeadOptions<Scalar>& opts,
-                          const MultiHeadCache<Scalar>& cache,
-                          const AttentionTangents<Scalar>& t) {
+                          const MultiHeadCache<Scalar>& cache, const AttentionTangents<Scalar>& t) {
   MultiHeadWorkspace<Scalar> ws;
   Mat<Scalar> dA(X.rows(), cache.A.cols());
   multihead_jvp<Scalar>(X, WQ, WK, WV, opts, cache, t.dWQ, t.dWK, t.dWV, t.dX, ws, dA);

@@ -138,31 +138,27 @@ inline void tpqrt_update(Ref<double> R, Ref<double> B, Index nb, unsigned thread
     }
     const Index c0 = j0 + pw, nc = n - c0;
     if (nc == 0) continue;
-      // Trailing update [R_top; B_trail] -= [I; V] T^T ([I; V]^T [R_top; B_trail]), by columns.
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
-    // The two GEMMs of the update by BLAS (OpenBLAS: its own threads and kernels for this CPU,
-    // several times Eigen's portable rate), the whole trailing block in one call each.
-    {
-      const Index m = B.rows();
-      auto Wc = w.W.block(0, c0, pw, nc);
-      auto W2c = w.W2.block(0, c0, pw, nc);
-      cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, static_cast<int>(pw),
-                  static_cast<int>(nc), static_cast<int>(m), 1.0, B.col(j0).data(),
-                  static_cast<int>(B.outerStride()), B.col(c0).data(),
-                  static_cast<int>(B.outerStride()), 0.0, Wc.data(),
-                  static_cast<int>(w.W.outerStride()));
-      Wc += R.block(j0, c0, pw, nc);
-      W2c.noalias() = w.T.topLeftCorner(pw, pw).triangularView<Eigen::Upper>().transpose() * Wc;
-      R.block(j0, c0, pw, nc) -= W2c;
-      cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                  static_cast<int>(nc), static_cast<int>(pw), -1.0, B.col(j0).data(),
-                  static_cast<int>(B.outerStride()), W2c.data(),
-                  static_cast<int>(w.W2.outerStride()), 1.0, B.col(c0).data(),
-                  static_cast<int>(B.outerStride()));
-      (void)threads;
-      continue;
-    }
-#endif
+    // Trailing update [R_top; B_trail] -= [I; V] T^T ([I; V]^T [R_top; B_trail]); its two GEMMs of
+    // the update by BLAS (OpenBLAS: its own threads and kernels for this CPU, several times Eigen's
+    // portable rate), the whole trailing block in one call each.
+    (void)threads;
+    const Index m = B.rows();
+    auto Wc = w.W.block(0, c0, pw, nc);
+    auto W2c = w.W2.block(0, c0, pw, nc);
+    cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, static_cast<int>(pw), static_cast<int>(nc),
+                static_cast<int>(m), 1.0, B.col(j0).data(), static_cast<int>(B.outerStride()),
+                B.col(c0).data(), static_cast<int>(B.outerStride()), 0.0, Wc.data(),
+                static_cast<int>(w.W.outerStride()));
+    Wc += R.block(j0, c0, pw, nc);
+    W2c.noalias() = w.T.topLeftCorner(pw, pw).triangularView<Eigen::Upper>().transpose() * Wc;
+    R.block(j0, c0, pw, nc) -= W2c;
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(nc), static_cast<int>(pw), -1.0, B.col(j0).data(),
+                static_cast<int>(B.outerStride()), W2c.data(), static_cast<int>(w.W2.outerStride()),
+                1.0, B.col(c0).data(), static_cast<int>(B.outerStride()));
+#else
+    // The same trailing update by Eigen's GEMMs, the columns split over `threads` threads.
     auto chunk = [&](Index a, Index len) {
       auto Wc = w.W.block(0, a, pw, len);
       auto W2c = w.W2.block(0, a, pw, len);
@@ -181,6 +177,7 @@ inline void tpqrt_update(Ref<double> R, Ref<double> B, Index nb, unsigned thread
     }
     chunk(c0, std::min(per, nc));
     for (auto& th : pool) th.join();
+#endif
   }
 }
 

@@ -54,8 +54,8 @@ void softmax_rows_inplace(Eigen::MatrixBase<DerivedP>& P, MaskKind mask, const M
 
 /// P = softmax_row(c Q K^T + M), A = P V.
 template <typename Scalar>
-void forward_qkv(const CRef<Scalar>& Q, const CRef<Scalar>& K, const CRef<Scalar>& V,
-                 Scalar c, MaskKind mask, const Mat<Scalar>* M, Mat<Scalar>& P, Ref<Scalar> A,
+void forward_qkv(const CRef<Scalar>& Q, const CRef<Scalar>& K, const CRef<Scalar>& V, Scalar c,
+                 MaskKind mask, const Mat<Scalar>* M, Mat<Scalar>& P, Ref<Scalar> A,
                  Vec<Scalar>& rowbuf) {
   const Index N = Q.rows();
   ensure_size(P, N, N);
@@ -109,7 +109,7 @@ void vjp_qkv(const CRef<Scalar>& Q, const CRef<Scalar>& K, const CRef<Scalar>& V
     gV.noalias() += P.transpose() * G;
   else
     gV.noalias() = P.transpose() * G;
-  NxN.noalias() = G * V.transpose();                   // dL/dP
+  NxN.noalias() = G * V.transpose();                  // dL/dP
   r.noalias() = P.cwiseProduct(NxN).rowwise().sum();  // rowsum(P ∘ dL/dP)
   NxN.colwise() -= r;
   NxN.array() *= P.array();  // dL/dZ
