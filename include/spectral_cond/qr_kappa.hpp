@@ -94,6 +94,33 @@ struct TpqrtWork {
   Vec<double> tau, tmp;
 };
 
+/// t = A^T v and A -= v t^T on a panel's columns (BLAS-2): BLAS's dgemv and dger where the build
+/// has LAPACKE (and so a BLAS), Eigen's otherwise.
+template <typename DA, typename DV, typename DT>
+void panel_gemv(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DV>& v,
+                const Eigen::MatrixBase<DT>& t_out) {
+  auto& t = const_cast<Eigen::MatrixBase<DT>&>(t_out);
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  cblas_dgemv(CblasColMajor, CblasTrans, static_cast<int>(A.rows()), static_cast<int>(A.cols()),
+              1.0, A.derived().data(), static_cast<int>(A.derived().outerStride()),
+              v.derived().data(), 1, 0.0, t.derived().data(), 1);
+#else
+  t.noalias() = A.transpose() * v;
+#endif
+}
+template <typename DA, typename DV, typename DT>
+void panel_rank1(const Eigen::MatrixBase<DA>& A_out, const Eigen::MatrixBase<DV>& v,
+                 const Eigen::MatrixBase<DT>& t) {
+  auto& A = const_cast<Eigen::MatrixBase<DA>&>(A_out);
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  cblas_dger(CblasColMajor, static_cast<int>(A.rows()), static_cast<int>(A.cols()), -1.0,
+             v.derived().data(), 1, t.derived().data(), 1, A.derived().data(),
+             static_cast<int>(A.derived().outerStride()));
+#else
+  A.noalias() -= v * t.transpose();
+#endif
+}
+
 /// R <- the triangular factor of [R; B] (R n x n upper triangular, B m x n, overwritten): the
 /// blocked structured Householder QR of LAPACK's tpqrt. Reflector j is [e_j; v_j], so only row j
 /// of R and the m rows of B take part: 2 m n^2 flops, GEMM-bound in the trailing updates. With
@@ -122,16 +149,16 @@ inline void tpqrt_update(Ref<double> R, Ref<double> B, Index nb, unsigned thread
       if (tau != 0 && i + 1 < pw) {
         const Index k = pw - i - 1;
         auto t = w.tmp.head(k);
-        t.noalias() = B.middleCols(j + 1, k).transpose() * v;
+        panel_gemv(B.middleCols(j + 1, k), v, t);
         t += R.row(j).segment(j + 1, k).transpose();
         t *= tau;
         R.row(j).segment(j + 1, k) -= t.transpose();
-        B.middleCols(j + 1, k).noalias() -= v * t.transpose();
+        panel_rank1(B.middleCols(j + 1, k), v, t);
       }
       w.T(i, i) = tau;
       if (i > 0) {  // T(0:i, i) = -tau T(0:i, 0:i) V(:, 0:i)^T v_i
         auto t = w.tmp.head(i);
-        t.noalias() = B.middleCols(j0, i).transpose() * v;
+        panel_gemv(B.middleCols(j0, i), v, t);
         w.T.col(i).head(i).noalias() = w.T.topLeftCorner(i, i).triangularView<Eigen::Upper>() * t;
         w.T.col(i).head(i) *= -tau;
       }
