@@ -5,30 +5,12 @@
 #include "test_helpers.hpp"
 
 using namespace spectral_cond;
+using sc_test::make_problem;
+using sc_test::Problem;
 using sc_test::randn;
 using sc_test::rel_err;
 
 namespace {
-
-template <typename Scalar>
-struct Problem {
-  Mat<Scalar> X, WQ, WK, WV;
-  AttentionOptions<Scalar> opts;
-};
-
-template <typename Scalar>
-Problem<Scalar> make_problem(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
-                             MaskKind mask = MaskKind::None) {
-  std::mt19937_64 rng(seed);
-  Problem<Scalar> p;
-  p.X = randn<Scalar>(N, D, rng);
-  const double ws = 1.0 / std::sqrt(static_cast<double>(D));
-  p.WQ = randn<Scalar>(D, dk, rng, ws);
-  p.WK = randn<Scalar>(D, dk, rng, ws);
-  p.WV = randn<Scalar>(D, dv, rng, ws);
-  p.opts.mask = mask;
-  return p;
-}
 
 /// The reference forward pass, written independently of the library: explicit loops.
 template <typename Scalar>
@@ -63,7 +45,8 @@ void check_derivatives(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
                << " mask=" << to_string(mask));
   auto p = make_problem<Scalar>(N, D, dk, dv, seed, mask);
   const auto cache = attention_forward(p.X, p.WQ, p.WK, p.WV, p.opts);
-  CHECK(rel_err(cache.A, reference_attention(p)) < 50 * sc_test::eps<Scalar>() * static_cast<double>(N));
+  CHECK(rel_err(cache.A, reference_attention(p)) <
+        50 * sc_test::eps<Scalar>() * static_cast<double>(N));
 
   std::mt19937_64 rng(seed + 1);
   const Mat<Scalar> dWQ = randn<Scalar>(D, dk, rng), dWK = randn<Scalar>(D, dk, rng);
@@ -73,10 +56,18 @@ void check_derivatives(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
   // JVP of each input alone against a central difference of the forward pass.
   auto fd_along = [&](int which, const Mat<Scalar>& v) {
     switch (which) {
-      case 0: return central_difference<Scalar>([&](const Mat<Scalar>& w) { return attention(p.X, w, p.WK, p.WV, p.opts); }, p.WQ, v);
-      case 1: return central_difference<Scalar>([&](const Mat<Scalar>& w) { return attention(p.X, p.WQ, w, p.WV, p.opts); }, p.WK, v);
-      case 2: return central_difference<Scalar>([&](const Mat<Scalar>& w) { return attention(p.X, p.WQ, p.WK, w, p.opts); }, p.WV, v);
-      default: return central_difference<Scalar>([&](const Mat<Scalar>& x) { return attention(x, p.WQ, p.WK, p.WV, p.opts); }, p.X, v);
+      case 0:
+        return central_difference<Scalar>(
+            [&](const Mat<Scalar>& w) { return attention(p.X, w, p.WK, p.WV, p.opts); }, p.WQ, v);
+      case 1:
+        return central_difference<Scalar>(
+            [&](const Mat<Scalar>& w) { return attention(p.X, p.WQ, w, p.WV, p.opts); }, p.WK, v);
+      case 2:
+        return central_difference<Scalar>(
+            [&](const Mat<Scalar>& w) { return attention(p.X, p.WQ, p.WK, w, p.opts); }, p.WV, v);
+      default:
+        return central_difference<Scalar>(
+            [&](const Mat<Scalar>& x) { return attention(x, p.WQ, p.WK, p.WV, p.opts); }, p.X, v);
     }
   };
   const Mat<Scalar>* tangents[4] = {&dWQ, &dWK, &dWV, &dX};
@@ -118,9 +109,13 @@ void check_derivatives(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
 
 TEST_CASE_TEMPLATE("attention JVP and VJP match finite differences", Scalar, double, float) {
   // float: central differences carry error ~ eps^(2/3); tolerances in units of sqrt(eps).
-  const double fd_tol = std::is_same<Scalar, double>::value ? 1e-6 : 300 * std::sqrt(sc_test::eps<float>());
+  const double fd_tol =
+      std::is_same<Scalar, double>::value ? 1e-6 : 300 * std::sqrt(sc_test::eps<float>());
   const double adj_tol = std::is_same<Scalar, double>::value ? 1e-12 : 1e3 * sc_test::eps<float>();
-  struct Case { Index N, D, dk, dv; MaskKind mask; };
+  struct Case {
+    Index N, D, dk, dv;
+    MaskKind mask;
+  };
   const Case cases[] = {
       {6, 5, 4, 3, MaskKind::None},    // N > D
       {3, 8, 4, 5, MaskKind::None},    // N < D
@@ -130,7 +125,8 @@ TEST_CASE_TEMPLATE("attention JVP and VJP match finite differences", Scalar, dou
       {7, 6, 1, 2, MaskKind::Causal},  // d_k = 1
   };
   std::uint64_t seed = 1234;
-  for (const Case& c : cases) check_derivatives<Scalar>(c.N, c.D, c.dk, c.dv, seed++, c.mask, fd_tol, adj_tol);
+  for (const Case& c : cases)
+    check_derivatives<Scalar>(c.N, c.D, c.dk, c.dv, seed++, c.mask, fd_tol, adj_tol);
 }
 
 TEST_CASE("scale c = 1 (the paper's theory) and an explicit scale") {
@@ -150,13 +146,15 @@ TEST_CASE("additive mask equals causal mask when it encodes the same pattern") {
   p.opts.mask = MaskKind::Additive;
   p.opts.additive_mask = Mat<double>::Zero(6, 6);
   for (Index i = 0; i < 6; ++i)
-    for (Index j = i + 1; j < 6; ++j) p.opts.additive_mask(i, j) = -std::numeric_limits<double>::infinity();
+    for (Index j = i + 1; j < 6; ++j)
+      p.opts.additive_mask(i, j) = -std::numeric_limits<double>::infinity();
   CHECK(rel_err(attention(p.X, p.WQ, p.WK, p.WV, p.opts), causal) < 1e-15);
   // Causal attention: the first output row is V's first row.
   CHECK(rel_err(causal.row(0), (p.X * p.WV).row(0)) < 1e-14);
 }
 
-TEST_CASE_TEMPLATE("logits of magnitude 1e4 stay finite, and so do derivatives", Scalar, double, float) {
+TEST_CASE_TEMPLATE("logits of magnitude 1e4 stay finite, and so do derivatives", Scalar, double,
+                   float) {
   auto p = make_problem<Scalar>(6, 4, 3, 3, 9);
   p.opts.scale = Scalar(1);
   p.WQ *= Scalar(100);
@@ -165,7 +163,8 @@ TEST_CASE_TEMPLATE("logits of magnitude 1e4 stay finite, and so do derivatives",
   CHECK(std::abs(static_cast<double>((cache.Q * cache.K.transpose()).cwiseAbs().maxCoeff())) > 1e3);
   CHECK(cache.A.allFinite());
   CHECK(cache.P.allFinite());
-  CHECK(rel_err(cache.P.rowwise().sum().eval(), Mat<Scalar>::Ones(6, 1)) < 10 * sc_test::eps<Scalar>());
+  CHECK(rel_err(cache.P.rowwise().sum().eval(), Mat<Scalar>::Ones(6, 1)) <
+        10 * sc_test::eps<Scalar>());
   std::mt19937_64 rng(3);
   const Mat<Scalar> G = randn<Scalar>(6, 3, rng);
   const auto g = attention_vjp(p.X, p.WQ, p.WK, p.WV, cache, CRef<Scalar>(G));
@@ -196,7 +195,8 @@ TEST_CASE("misuse throws std::invalid_argument naming the function and the shape
   const auto cache = attention_forward(p.X, p.WQ, p.WK, p.WV, p.opts);
   const Mat<double> badG = Mat<double>::Zero(4, 3);
   CHECK_THROWS_WITH_AS(attention_vjp(p.X, p.WQ, p.WK, p.WV, cache, CRef<double>(badG)),
-                       "attention_vjp: G must be N x d_v = 4 x 2 (got 4 x 3)", std::invalid_argument);
+                       "attention_vjp: G must be N x d_v = 4 x 2 (got 4 x 3)",
+                       std::invalid_argument);
 }
 
 TEST_CASE("VJP skips outputs passed as 0 x 0 and the out-parameter form reuses buffers") {

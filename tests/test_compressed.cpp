@@ -10,33 +10,12 @@
 #include "test_helpers.hpp"
 
 using namespace spectral_cond;
+using sc_test::make_problem;
+using sc_test::Problem;
 using sc_test::randn;
 using sc_test::rel_err;
 
 namespace {
-
-template <typename Scalar>
-struct Problem {
-  Mat<Scalar> X, WQ, WK, WV;
-  AttentionOptions<Scalar> opts;
-};
-
-/// PyTorch-style instance: X ~ N(0, 1), W ~ N(0, 1/D), c = 1/sqrt(d_k). `xrank` > 0 makes X a
-/// product of N x xrank and xrank x D Gaussians (rank xrank).
-template <typename Scalar>
-Problem<Scalar> make_problem(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
-                             MaskKind mask = MaskKind::None, Index xrank = 0) {
-  std::mt19937_64 rng(seed);
-  Problem<Scalar> p;
-  p.X = xrank > 0 ? Mat<Scalar>(randn<Scalar>(N, xrank, rng) * randn<Scalar>(xrank, D, rng))
-                  : randn<Scalar>(N, D, rng);
-  const double ws = 1.0 / std::sqrt(static_cast<double>(D));
-  p.WQ = randn<Scalar>(D, dk, rng, ws);
-  p.WK = randn<Scalar>(D, dk, rng, ws);
-  p.WV = randn<Scalar>(D, dv, rng, ws);
-  p.opts.mask = mask;
-  return p;
-}
 
 /// d vec A / d [vec W_Q; vec W_K; vec W_V] (wrt = 0) or d vec A / d vec X (wrt = 1), one JVP
 /// per basis tangent: exact to rounding and independent of the closed forms of MATH.md §3.

@@ -1,6 +1,7 @@
 // Shared helpers for the test suite: seeded random matrices and relative errors.
 #pragma once
 
+#include <spectral_cond/attention.hpp>
 #include <spectral_cond/common.hpp>
 
 #include <doctest/doctest.h>
@@ -42,6 +43,31 @@ double rel_err(const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b) {
   const double num = static_cast<double>((a - b).cwiseAbs().maxCoeff());
   const double den = static_cast<double>(b.cwiseAbs().maxCoeff());
   return num / (den > 1e-300 ? den : 1e-300);
+}
+
+/// An attention block's inputs.
+template <typename Scalar>
+struct Problem {
+  Mat<Scalar> X, WQ, WK, WV;
+  spectral_cond::AttentionOptions<Scalar> opts;
+};
+
+/// PyTorch-style instance: X ~ N(0, 1), W ~ N(0, 1/D), c = 1/sqrt(d_k) (the default scale).
+/// `xrank` > 0 makes X a product of N x xrank and xrank x D Gaussians (rank xrank).
+template <typename Scalar>
+Problem<Scalar> make_problem(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
+                             spectral_cond::MaskKind mask = spectral_cond::MaskKind::None,
+                             Index xrank = 0) {
+  std::mt19937_64 rng(seed);
+  Problem<Scalar> p;
+  p.X = xrank > 0 ? Mat<Scalar>(randn<Scalar>(N, xrank, rng) * randn<Scalar>(xrank, D, rng))
+                  : randn<Scalar>(N, D, rng);
+  const double ws = 1.0 / std::sqrt(static_cast<double>(D));
+  p.WQ = randn<Scalar>(D, dk, rng, ws);
+  p.WK = randn<Scalar>(D, dk, rng, ws);
+  p.WV = randn<Scalar>(D, dv, rng, ws);
+  p.opts.mask = mask;
+  return p;
 }
 
 template <typename Scalar>

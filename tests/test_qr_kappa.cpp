@@ -10,31 +10,11 @@
 #include "test_helpers.hpp"
 
 using namespace spectral_cond;
+using sc_test::make_problem;
+using sc_test::Problem;
 using sc_test::randn;
 
 namespace {
-
-template <typename Scalar>
-struct Problem {
-  Mat<Scalar> X, WQ, WK, WV;
-  AttentionOptions<Scalar> opts;
-};
-
-/// X ~ N(0, 1), W ~ N(0, 1/D), c = 1/sqrt(d_k) (the default scale); rank-xrank X when xrank > 0.
-template <typename Scalar>
-Problem<Scalar> make_problem(Index N, Index D, Index dk, Index dv, std::uint64_t seed,
-                             MaskKind mask = MaskKind::None, Index xrank = 0) {
-  std::mt19937_64 rng(seed);
-  Problem<Scalar> p;
-  p.X = xrank > 0 ? Mat<Scalar>(randn<Scalar>(N, xrank, rng) * randn<Scalar>(xrank, D, rng))
-                  : randn<Scalar>(N, D, rng);
-  const double ws = 1.0 / std::sqrt(static_cast<double>(D));
-  p.WQ = randn<Scalar>(D, dk, rng, ws);
-  p.WK = randn<Scalar>(D, dk, rng, ws);
-  p.WV = randn<Scalar>(D, dv, rng, ws);
-  p.opts.mask = mask;
-  return p;
-}
 
 double rel(double a, double b) {
   return std::abs(a - b) / std::abs(b);
