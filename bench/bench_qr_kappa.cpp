@@ -1,16 +1,19 @@
-// kappa(J) by the qr method (MATH.md §3, "Squaring is not affordable", "The compressed
-// Jacobian") against a dense SVD of the assembled J, on a PyTorch-style instance (X ~ N(0, 1),
-// W ~ N(0, 1/D), c = 1/sqrt(d_k)). A plain main: every number is a ratio measured in this run.
+// kappa(J) by the two accurate methods, qr (MATH.md §3, "Squaring is not affordable", "The
+// compressed Jacobian") and lobpcg (jacobian_kappa.hpp), against a dense SVD of the assembled J,
+// on a PyTorch-style instance (X ~ N(0, 1), W ~ N(0, 1/D), c = 1/sqrt(d_k)). A plain main:
+// every number is a ratio measured in this run.
 //
-//   bench_qr_kappa                      (64, 64, 64, 64): qr vs Eigen BDCSVD of J (time ratio,
-//                                       σ_min agreement), the QR's flop rate vs Eigen's GEMM rate
+//   bench_qr_kappa                      (64, 64, 64, 64): qr and lobpcg vs Eigen BDCSVD and
+//                                       LAPACK gesdd of J (time ratios, σ_min agreement), the
+//                                       QR's flop rate vs the GEMM rate
 //   bench_qr_kappa --vitb               the ViT-B head (197, 768, 64, 64): time, κ(J), accuracy
 //   bench_qr_kappa --size N D dk dv     another size (qr only, with --no-dense)
-//   bench_qr_kappa --write-npy DIR      also writes X, W_Q, W_K, W_V, J and the qr result as .npy
-//                                       for bench/peers/numpy_svd.py
+//   bench_qr_kappa --write-npy DIR      also writes X, W_Q, W_K, W_V, J and the qr and lobpcg
+//                                       results as .npy for bench/peers/numpy_svd.py
 //   --threads T, --panel NB, --block M  QrKappaOptions; --no-dense skips the dense SVD; --seed S
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/jacobian.hpp>
+#include <spectral_cond/jacobian_kappa.hpp>
 #include <spectral_cond/kappa.hpp>
 #include <spectral_cond/qr_kappa.hpp>
 
@@ -23,6 +26,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
 
 using namespace spectral_cond;
 
@@ -163,6 +167,12 @@ int main(int argc, char** argv) {
       "qr: %.3f s total, %.3f s to stream J~ into R (%.3g flop, %.2f Gflop/s with %u "
       "threads)\n",
       total, factor, flops, flops / factor / 1e9, a.q.resolved_threads());
+  const auto tl = Clock::now();
+  const auto lob = kappa_jacobian_lobpcg<double>(X, WQ, WK, WV, AttentionOptions<double>{});
+  const double lob_s = since(tl);
+  print_result("lobpcg", lob);
+  std::printf("lobpcg: %.3f s total (qr / lobpcg = %.1fx); sigma_min rel. diff to qr %.2e\n", lob_s,
+              total / lob_s, std::abs(lob.sigma_min - qr.sigma_min) / qr.sigma_min);
 
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
   if (!a.vitb) {
@@ -194,7 +204,7 @@ int main(int argc, char** argv) {
 
   Mat<double> J;
   if (a.dense || !a.npy_dir.empty()) J = attention_jacobian(X, WQ, WK, WV);
-  // A dense SVD of J by `svd`, timed, against the qr result (goal: >= 20x at <= 1e-9).
+  // A dense SVD of J by `svd`, timed, against the qr and lobpcg results (goal: >= 20x at <= 1e-9).
   auto dense = [&](SvdMethod svd, const char* name) {
     const auto t0 = Clock::now();
     KappaOptions<double> ko;
@@ -203,11 +213,16 @@ int main(int argc, char** argv) {
     const double dense_s = since(t0);
     print_result(name, d);
     std::printf(
-        "%s (%ld x %ld): %.3f s; time ratio dense / qr = %.1fx (goal >= 20x); sigma_min rel. "
-        "diff %.2e, kappa rel. diff %.2e (goal <= 1e-9; both carry about eps kappa = %.1e)\n",
-        name, static_cast<long>(J.rows()), static_cast<long>(J.cols()), dense_s, dense_s / total,
-        std::abs(qr.sigma_min - d.sigma_min) / d.sigma_min, std::abs(qr.kappa - d.kappa) / d.kappa,
+        "%s (%ld x %ld): %.3f s (both carry about eps kappa = %.1e; goals >= 20x at <= "
+        "1e-9)\n",
+        name, static_cast<long>(J.rows()), static_cast<long>(J.cols()), dense_s,
         2.22e-16 * d.kappa);
+    for (const auto& [m, res, s] :
+         {std::tuple{"qr", &qr, total}, std::tuple{"lobpcg", &lob, lob_s}})
+      std::printf(
+          "  time ratio dense / %s = %.1fx; sigma_min rel. diff %.2e, kappa rel. diff %.2e\n", m,
+          dense_s / s, std::abs(res->sigma_min - d.sigma_min) / d.sigma_min,
+          std::abs(res->kappa - d.kappa) / d.kappa);
   };
   if (a.dense) dense(SvdMethod::BDC, "dense Eigen BDCSVD of J");
   if (a.dense && have_lapacke()) dense(SvdMethod::Lapack, "dense LAPACK gesdd of J");
@@ -220,9 +235,11 @@ int main(int argc, char** argv) {
     Mat<double> res(1, 4);
     res << qr.sigma_max, qr.sigma_min, qr.kappa, total;
     io::write_npy(a.npy_dir + "/qr_result.npy", res);
+    res << lob.sigma_max, lob.sigma_min, lob.kappa, lob_s;
+    io::write_npy(a.npy_dir + "/lobpcg_result.npy", res);
     std::printf(
-        "wrote X, WQ, WK, WV, J and qr_result (sigma_max, sigma_min, kappa, seconds) to "
-        "%s\n",
+        "wrote X, WQ, WK, WV, J, qr_result and lobpcg_result (sigma_max, sigma_min, kappa, "
+        "seconds) to %s\n",
         a.npy_dir.c_str());
   }
   return 0;

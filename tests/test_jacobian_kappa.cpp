@@ -1,5 +1,5 @@
-// κ(J) by dense, gram, iterative, qr and auto (MATH.md §3–4): the methods agree within their
-// stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
+// κ(J) by dense, gram, iterative, qr, lobpcg and auto (MATH.md §3–4): the methods agree within
+// their stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
 #include <spectral_cond/jacobian_kappa.hpp>
 
 #include "test_helpers.hpp"
@@ -90,19 +90,27 @@ TEST_CASE("gram on a PyTorch-style instance: the stated eps*kappa^2 covers its t
   CHECK(gram.accuracy > qr.accuracy);
 }
 
-TEST_CASE("auto picks dense when small, and reports why; gram or qr by tolerance when large") {
+TEST_CASE("auto picks dense when small, and reports why; gram, lobpcg or qr when large") {
   Inst in = make(5, 6, 3, 2, 4, 0.5);
   JacobianKappaOptions jo;
   auto r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
   CHECK(r.note.find("auto chose dense") != std::string::npos);
   jo.dense_max_entries = 0;
-  jo.tol = 1e-300;  // nothing squared can meet this: qr
+  jo.tol = 1e-300;  // nothing squared can meet this: an accurate method, lobpcg for a wide J
   r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
-  CHECK(r.note.find("auto chose qr") != std::string::npos);
-  CHECK(r.method.find("qr") != std::string::npos);
+  CHECK(r.note.find("auto chose an accurate method") != std::string::npos);
+  INFO("note: " << r.note);
+  CHECK(r.method == "lobpcg");
   jo.tol = 1.0;  // anything meets this: gram
   r = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
   CHECK(r.note.find("auto chose gram") != std::string::npos);
+  // A tall J (48 x 30): its gauge null space leaves kappa_plus to qr.
+  Inst tall = make(12, 3, 3, 4, 4, 0.5);
+  jo.tol = 1e-300;
+  r = kappa_jacobian(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts, jo);
+  CHECK(r.note.find("J is tall, so qr") != std::string::npos);
+  CHECK(r.method.find("qr") != std::string::npos);
+  CHECK(r.kappa == std::numeric_limits<double>::infinity());
 }
 
 TEST_CASE("NaN input is InvalidInput, float inputs work, bad options throw") {

@@ -5,7 +5,7 @@
 //   spectral-cond analyze CHECKPOINT... [--layout auto|torch-mha|timm|hf-bert|gpt2|llama]
 //        [--heads H] [--kv-heads G] [--lambda 10] [--target T] [--per-head] [--layers 0,3,5-7]
 //        [--jacobian [--inputs X.npy | --tokens 64 --seed 0] [--method auto|dense|gram|
-//         iterative|qr] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
+//         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
 //         [--jacobian-heads 0,1]]
 //        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
 #include "analysis_cli.hpp"
@@ -88,8 +88,8 @@ void register_analyze(CLI::App& app) {
                   "kappa = 2 sigma_1/(sigma_1 + sigma_r))");
   cmd->add_option("--method", a->method,
                   "kappa(J) method: auto (default), dense, gram, "
-                  "iterative, qr")
-      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr"}));
+                  "iterative, qr, lobpcg")
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}));
   cmd->add_option("--scale", a->scale, "logit scale c (default 1/sqrt(d_k))");
   cmd->add_option("--mask", a->mask, "mask for --jacobian: none (default) or causal")
       ->check(CLI::IsMember({"none", "causal"}));

@@ -3,8 +3,8 @@
 //
 //   spectral-cond kappa --matrix M.npy [--rtol R] [--format table|json] [--out FILE]
 //   spectral-cond kappa --x X.npy --wq WQ.npy --wk WK.npy --wv WV.npy [--scale S]
-//                       [--mask none|causal] [--method auto|dense|gram|iterative|qr]
-//                       [--rtol R] [--tol T] [--bound] [--format table|json] [--out FILE]
+//                       [--mask none|causal] [--method auto|dense|gram|iterative|qr|
+//                       lobpcg] [--rtol R] [--tol T] [--bound] [--format table|json] [--out FILE]
 //                       [--quiet] [--device cpu|cuda]
 //
 // The JSON keys are documented in docs/cli.md (a stable interface). Exit codes as in cli.hpp;
@@ -286,8 +286,9 @@ void register_kappa(CLI::App& app) {
   cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
       ->check(CLI::IsMember({"none", "causal"}, CLI::ignore_case));
   cmd->add_option("--method", args->method,
-                  "kappa(J) by auto (default), dense, gram, iterative or qr")
-      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr"}, CLI::ignore_case));
+                  "kappa(J) by auto (default), dense, gram, iterative, qr or lobpcg")
+      ->check(
+          CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}, CLI::ignore_case));
   cmd->add_option("--rtol", args->rtol,
                   "rank tolerance relative to sigma_1 (default max(m, n) eps; 0: every nonzero "
                   "sigma counts)");

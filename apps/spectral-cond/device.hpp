@@ -38,7 +38,8 @@ inline void require_device(const std::string& device, JacobianKappaMethod method
     throw BadInput(
         "--device cuda: spectral-cond was built without CUDA (configure with "
         "-DSPECTRAL_COND_ENABLE_CUDA=ON)");
-  if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative)
+  if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
+      method == JacobianKappaMethod::Lobpcg)
     throw BadInput(std::string("--device cuda: --method ") + to_string(method) +
                    " has no GPU route (use auto, gram or qr)");
 #ifdef SPECTRAL_COND_HAVE_CUDA

@@ -1,4 +1,4 @@
-// spectral_cond: κ(J) of an attention block by four methods, each saying what it computed and
+// spectral_cond: κ(J) of an attention block by five methods, each saying what it computed and
 // how accurate it is (MATH.md §3–4).
 //
 //   dense      SVD of the assembled J. The reference; accuracy about ε κ(J); small sizes only.
@@ -8,10 +8,17 @@
 //              from zero.
 //   iterative  matrix-free Lanczos (Spectra) on J J^T or J^T J through the JVP/VJP operators;
 //              squares J too, and σ_min may not converge: then Info::NotConverging.
+//   lobpcg     wide J: LOBPCG for the smallest eigenvalue of J J^T, preconditioned by the
+//              Cholesky factor of gram's J J^T, with every product by J and J^T matrix-free and
+//              the Rayleigh-Ritz step an SVD of J^T S. Gram's rounding only slows the iteration;
+//              its fixed point is set by products with J: accuracy about ε κ(J), like qr, at
+//              about gram's cost. Answers only when the preconditioned iteration converges and
+//              σ_min is above the rank tolerance; otherwise (and for tall J) qr answers.
 //   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
 //              triangular factor: backward stable, accuracy about ε κ(J).
 //   auto       dense when J is small; else gram when its own error estimate ε κ^2 is below the
-//              requested tolerance, otherwise qr. The note says which and why.
+//              requested tolerance, otherwise an accurate method: lobpcg where it answers, qr
+//              where it does not. The note says which and why.
 //
 // All methods compute in double, whatever the scalar of the inputs.
 #pragma once
@@ -26,6 +33,8 @@
 #include <Spectra/SymEigsSolver.h>
 #include <Eigen/Cholesky>
 #include <Eigen/Eigenvalues>
+#include <Eigen/QR>
+#include <Eigen/SVD>
 
 #include <functional>
 #include <random>
@@ -34,7 +43,7 @@
 // only in the translation units that call them, not in every one that includes this header.
 namespace spectral_cond {
 
-enum class JacobianKappaMethod { Auto, Dense, Gram, Iterative, Qr };
+enum class JacobianKappaMethod { Auto, Dense, Gram, Iterative, Qr, Lobpcg };
 
 inline const char* to_string(JacobianKappaMethod m) {
   switch (m) {
@@ -48,17 +57,21 @@ inline const char* to_string(JacobianKappaMethod m) {
       return "iterative";
     case JacobianKappaMethod::Qr:
       return "qr";
+    case JacobianKappaMethod::Lobpcg:
+      return "lobpcg";
   }
   return "unknown";
 }
 
-/// Parses "auto", "dense", "gram", "iterative" or "qr"; throws std::invalid_argument otherwise.
+/// Parses "auto", "dense", "gram", "iterative", "qr" or "lobpcg"; throws std::invalid_argument
+/// otherwise.
 inline JacobianKappaMethod parse_jacobian_kappa_method(const std::string& s) {
-  for (auto m : {JacobianKappaMethod::Auto, JacobianKappaMethod::Dense, JacobianKappaMethod::Gram,
-                 JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr})
+  for (auto m :
+       {JacobianKappaMethod::Auto, JacobianKappaMethod::Dense, JacobianKappaMethod::Gram,
+        JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr, JacobianKappaMethod::Lobpcg})
     if (s == to_string(m)) return m;
   throw std::invalid_argument("method: unknown '" + s +
-                              "' (expected auto, dense, gram, iterative or qr)");
+                              "' (expected auto, dense, gram, iterative, qr or lobpcg)");
 }
 
 /// Options of kappa_jacobian.
@@ -76,6 +89,13 @@ struct JacobianKappaOptions {
   /// iterative: Lanczos restarts and convergence tolerance (Spectra's relative tolerance).
   Index max_iterations = 2000;
   double iter_tol = 1e-10;
+  /// lobpcg: block size, iterations allowed, and the stopping tolerance on the relative
+  /// residual bound ρ = ||(L L^T)^{-1} (J J^T x - σ^2 x)|| of the smallest Ritz pair (its σ is
+  /// then within about ρ / 2, relatively, of a singular value of J); the iteration also stops
+  /// once ρ reaches rounding level, 16 ε κ. Defaults 4, 100, 1e-10.
+  Index lobpcg_block = 4;
+  Index lobpcg_max_iterations = 100;
+  double lobpcg_tol = 1e-10;
   /// Seed of the random start vectors (deterministic by default).
   std::uint64_t seed = 42;
   /// Called with the fraction done, for progress bars; may be empty.
@@ -86,6 +106,9 @@ struct JacobianKappaOptions {
     if (!(rtol < 1)) detail::fail(fn, "rtol must be < 1 (or < 0 for the default)");
     if (dense_max_entries < 0 || gram_eig_max < 1 || max_iterations < 1 || !(iter_tol > 0))
       detail::fail(fn, "dense_max_entries, gram_eig_max, max_iterations and iter_tol must be > 0");
+    if (lobpcg_block < 1 || lobpcg_max_iterations < 1 || !(lobpcg_tol > 0 && lobpcg_tol < 1))
+      detail::fail(fn,
+                   "lobpcg_block and lobpcg_max_iterations must be >= 1 and lobpcg_tol in (0, 1)");
   }
 };
 
@@ -223,6 +246,121 @@ double lanczos_largest(Op& op, Index n, const JacobianKappaOptions& jo, Index& i
   op.perform_op(v.data(), Av.data());
   residual = std::max(residual, (Av - lam * v).norm() / std::max(std::abs(lam), 1e-300));
   return lam;
+}
+
+/// B <- L^{-1} B, or L^{-T} B with `transpose`, for the lower triangular L of cholesky_in_place:
+/// BLAS trsm when built with LAPACKE, else Eigen's blocked triangular solve.
+template <typename = void>
+inline void lower_solve(const Mat<double>& L, Mat<double>& B, bool transpose) {
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  const int n = static_cast<int>(L.rows());
+  cblas_dtrsm(CblasColMajor, CblasLeft, CblasLower, transpose ? CblasTrans : CblasNoTrans,
+              CblasNonUnit, n, static_cast<int>(B.cols()), 1.0, L.data(), n, B.data(),
+              static_cast<int>(B.rows()));
+#else
+  if (transpose)
+    L.triangularView<Eigen::Lower>().transpose().solveInPlace(B);
+  else
+    L.triangularView<Eigen::Lower>().solveInPlace(B);
+#endif
+}
+
+struct LobpcgOutcome {
+  double sigma = std::numeric_limits<double>::quiet_NaN();  ///< smallest Ritz value of J^T
+  double rho = std::numeric_limits<double>::infinity();     ///< its residual bound (see below)
+  Index iterations = 0;
+  bool converged = false;
+};
+
+/// σ_min of the wide J (products by `J`, one JVP or VJP per column) by LOBPCG on J J^T with the
+/// preconditioner (L L^T)^{-1}, L the Cholesky factor of the computed Gram matrix G~ (MATH.md §3,
+/// "Squaring is not affordable"):
+///   - the Rayleigh-Ritz step takes the SVD of J^T S for an orthonormal basis S of [X, W, P]
+///     (the singular values of J^T on span S), never the eigenvalues of S^T J J^T S, so nothing
+///     in it squares J;
+///   - the residual R = J (J^T X) - X Σ^2 is formed from products with J as well. G~ differs
+///     from J J^T by about ε σ_1^2, which only makes the preconditioner inexact (||I - G~^{-1}
+///     J J^T|| ~ ε κ^2 in the smallest directions): the iteration's fixed point is set by the
+///     products with J, so σ_min comes out to about ε κ relatively, like a backward-stable
+///     method, as long as the iteration converges;
+///   - ρ = ||W_1|| = ||(L L^T)^{-1} r_1|| for the unit Ritz vector x_1 is the inverse-iteration
+///     residual: with G~ = J J^T exactly, some eigenvalue λ of J J^T has |λ - σ^2| <= ρ λ, so σ
+///     is within about ρ / 2 of a singular value, relatively. Rounding in the products can put a
+///     floor under ρ: the iteration stops at ρ <= tol, or once ρ <= 16 ε κ and σ moved by at most
+///     4 ε κ relatively in the last step (nothing left to gain above rounding).
+template <typename = void>
+inline LobpcgOutcome lobpcg_sigma_min(const JacobianProducts<double>& J, const Mat<double>& L,
+                                      double sigma_max, const JacobianKappaOptions& jo,
+                                      const std::function<void(double)>& progress) {
+  const Index m = J.rows(), n = J.cols(), b = std::min(jo.lobpcg_block, m);
+  const double eps = ScalarTraits<double>::eps();
+  auto apply_t = [&](const Mat<double>& S, Mat<double>& Y) {  // Y = J^T S
+    Y.resize(n, S.cols());
+    for (Index j = 0; j < S.cols(); ++j) J.apply_transpose(S.col(j).data(), Y.col(j).data());
+  };
+  auto precondition = [&](Mat<double>& B) {
+    lower_solve(L, B, false);
+    lower_solve(L, B, true);
+  };
+  Mat<double> X(m, b), Y, S, YS, R, P, Xn;
+  Vec<double> sig;
+  // X, Y = J^T X and sig <- the b smallest Ritz triplets of span(S), ascending.
+  auto rayleigh_ritz = [&]() {
+    apply_t(S, YS);
+    Eigen::JacobiSVD<Mat<double>> svd(YS, Eigen::ComputeThinV);
+    const Index k = svd.singularValues().size(), kb = std::min(b, k);
+    sig = svd.singularValues().tail(kb).reverse();
+    const Mat<double> V = svd.matrixV().rightCols(kb).rowwise().reverse();
+    Xn.noalias() = S * V;
+    Y.noalias() = YS * V;
+  };
+  auto orthonormal_basis = [&](const Mat<double>& A) {  // at most m columns: all of R^m
+    Eigen::HouseholderQR<Mat<double>> qr(A);
+    S = qr.householderQ() * Mat<double>::Identity(A.rows(), std::min(A.cols(), A.rows()));
+  };
+  std::mt19937_64 rng(jo.seed);
+  std::normal_distribution<double> nd;
+  for (Index k = 0; k < X.size(); ++k) X.data()[k] = nd(rng);
+  precondition(X);  // one step of inverse iteration with G~: the start
+  orthonormal_basis(X);
+  rayleigh_ritz();
+  X = Xn;
+  LobpcgOutcome out;
+  const double rho_start = 1.0;
+  for (Index it = 0;; ++it) {
+    R.resize(m, sig.size());
+    for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
+    for (Index j = 0; j < sig.size(); ++j) R.col(j) -= (sig(j) * sig(j)) * X.col(j);
+    precondition(R);  // W
+    const double previous = out.sigma;
+    out.sigma = sig(0);
+    out.rho = R.col(0).norm();
+    out.iterations = it;
+    const double floor = 16 * eps * sigma_max / sig(0);
+    if (out.rho <= jo.lobpcg_tol ||
+        (out.rho <= floor && std::abs(previous - out.sigma) <= 0.25 * floor * out.sigma)) {
+      out.converged = true;
+      return out;
+    }
+    if (it >= jo.lobpcg_max_iterations || !std::isfinite(out.rho)) return out;
+    if (progress)
+      progress(std::clamp(std::log(rho_start / out.rho) / std::log(rho_start / jo.lobpcg_tol), 0.0,
+                          1.0));
+    // Basis [X, W, P], W and P scaled to unit columns (zero ones dropped) so that the QR keeps
+    // their directions to working precision however small the correction has become.
+    Index cols = X.cols();
+    Mat<double> A(m, X.cols() + R.cols() + P.cols());
+    A.leftCols(X.cols()) = X;
+    for (const Mat<double>* M : {&R, &P})
+      for (Index j = 0; j < M->cols(); ++j) {
+        const double nrm = M->col(j).norm();
+        if (nrm > 0 && std::isfinite(nrm)) A.col(cols++) = M->col(j) / nrm;
+      }
+    orthonormal_basis(A.leftCols(cols));
+    rayleigh_ritz();
+    P.noalias() = Xn - X * (X.transpose() * Xn);  // the step's part outside span(X)
+    X = Xn;
+  }
 }
 
 }  // namespace detail
@@ -365,6 +503,102 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
   return res;
 }
 
+/// κ(J) of a wide J (N d_v <= columns) by the lobpcg method (top of this header; MATH.md §3-4):
+/// σ_max by Lanczos on J J^T (matrix-free; squaring does not hurt the largest), σ_min by
+/// detail::lobpcg_sigma_min with the Cholesky factor of the structured Gram matrix as
+/// preconditioner. Accuracy about ε κ(J) + ρ / 2 (field `accuracy`; ρ in `residual`). Cost: the
+/// Gram matrix, one Cholesky factorisation ((N d_v)^3 / 3 flops, (N d_v)^2 doubles) and a few
+/// LOBPCG iterations of O((N d_v)^2 block) each.
+/// It answers (Info::Success) only when the iteration converges and σ_min is above the rank
+/// tolerance. Otherwise it says why and leaves kappa NaN: Info::Singular when J is tall (the
+/// gauge directions are in its null space, MATH.md §4), when the computed J J^T is not positive
+/// definite (ε κ^2 well above 1, or J singular), or when σ_min is below the rank tolerance (rank
+/// and kappa_plus then need qr or dense); Info::NotConverging when the iteration does not
+/// converge. kappa_jacobian with method lobpcg or auto then calls qr.
+template <typename Scalar>
+ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                              const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                              const AttentionOptions<Scalar>& opts,
+                                              const JacobianKappaOptions& jo = {}) {
+  constexpr const char* fn = "kappa_jacobian_lobpcg";
+  jo.check(fn);
+  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  opts.check(fn, X.rows());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  ConditionResult<double> res;
+  res.method = "lobpcg";
+  if (!X.allFinite() || !WQ.allFinite() || !WK.allFinite() || !WV.allFinite()) {
+    res = detail::invalid_condition<double>("X or a weight contains NaN or Inf");
+    res.method = "lobpcg";
+    return res;
+  }
+  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+  auto no_answer = [&](Info info, const std::string& why) {
+    res.info = info;
+    res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
+    res.rank = -1;
+    res.note = why;
+    if (jo.progress) jo.progress(1.0);
+    return res;
+  };
+  if (!in.wide())
+    return no_answer(Info::Singular,
+                     "J is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in its null space "
+                     "(MATH.md 4), so kappa = +inf; the rank and kappa_plus need method qr");
+  const Index m = in.rows;
+  {
+    GramOp<double> op(in.X, in.WQ, in.WK, in.WV, in.opts);
+    JacobianKappaOptions big = jo;
+    big.iter_tol = std::min(jo.iter_tol, 1e-13);
+    res.sigma_max =
+        std::sqrt(std::max(0.0, detail::lanczos_largest(op, m, big, res.iterations, res.residual)));
+  }
+  KappaOptions<double> ko = detail::kappa_opts(jo);
+  res.rank_tol = ko.resolved_rtol(in.rows, in.cols) * res.sigma_max;
+  if (!(res.sigma_max > 0) || !std::isfinite(res.sigma_max))
+    return no_answer(Info::NotConverging, "Lanczos for sigma_max did not converge");
+  if (jo.progress) jo.progress(0.05);
+  // The preconditioner: G~ = L L^T, the structured Gram matrix (gram.hpp). When rounding has made
+  // G~ indefinite (ε κ^2 well above 1), G~ cannot tell the smallest singular directions apart
+  // and the iteration could settle on the wrong one: no answer then (qr is the method for it).
+  Mat<double> L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
+  if (jo.progress) jo.progress(0.25);
+  std::ostringstream note;
+  note << "lobpcg: block " << jo.lobpcg_block
+       << ", preconditioned by the Cholesky factor of J J^T (" << m << " x " << m << ")";
+  if (!detail::cholesky_in_place(L))
+    return no_answer(Info::Singular, note.str() +
+                                         ": J J^T is not positive definite at working "
+                                         "precision (eps kappa^2 >~ 1, or J singular)");
+  if (jo.progress) jo.progress(0.55);
+  const detail::JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All,
+                                           fn);
+  std::function<void(double)> inner;
+  if (jo.progress) inner = [&](double f) { jo.progress(0.55 + 0.45 * f); };
+  const detail::LobpcgOutcome lo = detail::lobpcg_sigma_min(J, L, res.sigma_max, jo, inner);
+  res.iterations += lo.iterations;
+  res.residual = lo.rho;
+  note << "; " << lo.iterations << " iterations, residual bound rho = " << lo.rho;
+  if (!lo.converged)
+    return no_answer(Info::NotConverging, note.str() + ": did not converge in " +
+                                              std::to_string(jo.lobpcg_max_iterations) +
+                                              " iterations (raise lobpcg_max_iterations or "
+                                              "lobpcg_block, or use method qr)");
+  res.sigma_min = lo.sigma;
+  if (!(res.sigma_min > res.rank_tol))
+    return no_answer(Info::Singular, note.str() + ": sigma_min = " + std::to_string(lo.sigma) +
+                                         " is not above the rank tolerance; the rank and "
+                                         "kappa_plus need method qr or dense");
+  res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
+  res.sigma_min_plus = res.sigma_min;
+  res.rank = std::min(in.rows, in.cols);
+  res.accuracy = ScalarTraits<double>::eps() * res.kappa + lo.rho / 2;
+  res.info = Info::Success;
+  res.note = note.str();
+  if (jo.progress) jo.progress(1.0);
+  return res;
+}
+
 /// κ(J) by the method in `jo` (MATH.md §3–4); see the top of this header for what each does.
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
@@ -397,12 +631,28 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       return kappa_jacobian_iterative<Scalar>(X, WQ, WK, WV, opts, jo);
     case JacobianKappaMethod::Qr:
       return qr();
+    case JacobianKappaMethod::Lobpcg:
     case JacobianKappaMethod::Auto:
       break;
   }
+  // lobpcg where it answers, else qr (kappa_jacobian_lobpcg's comment says when it does not).
+  std::ostringstream why;
+  auto accurate = [&] {
+    ConditionResult<double> r = kappa_jacobian_lobpcg<Scalar>(X, WQ, WK, WV, opts, jo);
+    if (r.info == Info::Success) {
+      why << "lobpcg answered";
+      return r;
+    }
+    why << "lobpcg did not answer (" << r.note << "), so qr";
+    return qr();
+  };
+  if (jo.method == JacobianKappaMethod::Lobpcg) {
+    ConditionResult<double> res = accurate();
+    if (res.method != "lobpcg") res.note = why.str() + "; " + res.note;
+    return res;
+  }
   const Index rows = jacobian_rows(X.rows(), WV.cols());
   const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
-  std::ostringstream why;
   ConditionResult<double> res;
   if (rows * cols <= jo.dense_max_entries) {
     res = kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
@@ -414,9 +664,14 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
           << " is below tol = " << jo.tol;
     } else {
-      why << "auto chose qr: gram's error estimate eps*kappa^2 = " << res.accuracy
-          << " exceeds tol = " << jo.tol;
-      res = qr();
+      why << "auto chose an accurate method: gram's error estimate eps*kappa^2 = " << res.accuracy
+          << " exceeds tol = " << jo.tol << "; ";
+      if (rows <= cols) {
+        res = accurate();
+      } else {
+        why << "J is tall, so qr";
+        res = qr();
+      }
     }
   }
   res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;

@@ -4,7 +4,7 @@
 * kappa --matrix against numpy.linalg.svd (relative 1e-12) for square, tall, wide, float32
   and singular matrices ("inf" in JSON, finite kappa_plus, rank), and --rtol;
 * kappa --x ...: dense against numpy's SVD of the J written by `spectral-cond jacobian`;
-  dense, qr, gram and iterative consistent within their stated accuracy;
+  dense, qr, lobpcg, gram and iterative consistent within their stated accuracy;
 * --bound has every documented key, and its bound is the formula of MATH.md §5 on its terms;
 * --out writes the same JSON atomically; the table format runs;
 * bad inputs exit 2 with one line on stderr, a numerical failure exits 3;
@@ -134,7 +134,7 @@ class CliKappaTest(unittest.TestCase):
                 s = np.linalg.svd(np.load(jpath), compute_uv=False)
                 ref = s[0] / s[-1]
                 res = {}
-                for method in ("dense", "qr", "gram", "iterative", "auto"):
+                for method in ("dense", "qr", "lobpcg", "gram", "iterative", "auto"):
                     j = self.run_json("kappa", *args, "--mask", mask, "--method", method)
                     res[method] = j
                     self.assertEqual(j["input"], "attention")
@@ -146,6 +146,7 @@ class CliKappaTest(unittest.TestCase):
                 self.assertLessEqual(rel(res["dense"]["kappa"], ref), 1e-10)
                 self.assertLessEqual(rel(res["dense"]["sigma_max"], s[0]), 1e-12)
                 self.assertLessEqual(rel(res["qr"]["kappa"], ref), 1e-10)
+                self.assertLessEqual(rel(res["lobpcg"]["kappa"], ref), 1e-10)
                 self.assertLessEqual(rel(res["auto"]["kappa"], ref), 1e-10)
                 for m in ("gram", "iterative"):  # squared methods: within their own estimate
                     acc = max(num(res[m]["accuracy"]), 1e-12)

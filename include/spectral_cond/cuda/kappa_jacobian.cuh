@@ -177,7 +177,8 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
   o.qr.check(fn);
   b.check(fn);
   const JacobianKappaMethod method = o.jacobian.method;
-  if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative)
+  if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
+      method == JacobianKappaMethod::Lobpcg)
     spectral_cond::detail::fail(
         fn, std::string("method ") + to_string(method) + " is CPU-only (use gram, qr or auto)");
   const AttentionBatch<double> bd = detail::to_double_batch(b);

@@ -1,0 +1,230 @@
+// The lobpcg method for kappa(J) (jacobian_kappa.hpp; MATH.md §3 "Squaring is not affordable",
+// §4): against a dense SVD of the assembled J on PyTorch-style instances where gram loses digits,
+// with masks, c = 1, N > D and float inputs; where it declines (tall or singular J, no
+// convergence) and what kappa_jacobian does then (qr); auto's choice; option checks.
+#include <spectral_cond/jacobian.hpp>
+#include <spectral_cond/jacobian_kappa.hpp>
+#include <spectral_cond/kappa.hpp>
+
+#include "test_helpers.hpp"
+
+using namespace spectral_cond;
+using sc_test::make_problem;
+using sc_test::Problem;
+
+namespace {
+
+// N = D = d_k = d_v of the mid-sized cases (smaller under the sanitizers, which run at -O0).
+constexpr Index kMid = SC_TEST_SANITIZED ? 12 : 24;
+
+double rel(double a, double b) {
+  return std::abs(a - b) / std::abs(b);
+}
+
+JacobianKappaOptions with_method(JacobianKappaMethod m) {
+  JacobianKappaOptions jo;
+  jo.method = m;
+  return jo;
+}
+
+/// The reference: a dense SVD of the assembled J (in double, of the same data).
+template <typename Scalar>
+ConditionResult<double> dense_reference(const Problem<Scalar>& p) {
+  AttentionOptions<double> o;
+  if (p.opts.scale) o.scale = static_cast<double>(*p.opts.scale);
+  o.mask = p.opts.mask;
+  const Mat<double> J = attention_jacobian(
+      p.X.template cast<double>().eval(), p.WQ.template cast<double>().eval(),
+      p.WK.template cast<double>().eval(), p.WV.template cast<double>().eval(), o);
+  KappaOptions<double> ko;
+  ko.svd = SvdMethod::BDC;
+  return kappa(J, ko);
+}
+
+/// lobpcg answered, and agrees with the dense SVD to `tol` or to what the two accuracies allow:
+/// its own (ε κ + ρ / 2) plus the SVD's ε κ, with a factor 20 for the polynomial in the sizes.
+void check_agrees(const ConditionResult<double>& l, const ConditionResult<double>& d, double tol) {
+  INFO("lobpcg: sigma_min " << l.sigma_min << " kappa " << l.kappa << " accuracy " << l.accuracy
+                            << " residual " << l.residual << " note: " << l.note);
+  INFO("svd: sigma_min " << d.sigma_min << " kappa " << d.kappa);
+  REQUIRE(l.info == Info::Success);
+  REQUIRE(d.info == Info::Success);
+  CHECK(l.method == "lobpcg");
+  const double allowed = std::max(tol, 20 * (l.accuracy + sc_test::eps<double>() * d.kappa));
+  CHECK(rel(l.sigma_max, d.sigma_max) < 1e-12);
+  CHECK(rel(l.sigma_min, d.sigma_min) < allowed);
+  CHECK(rel(l.kappa, d.kappa) < allowed);
+  CHECK(l.kappa_plus == l.kappa);
+  CHECK(l.sigma_min_plus == l.sigma_min);
+  CHECK(l.rank == d.rank);
+  CHECK(l.accuracy >= sc_test::eps<double>() * l.kappa);
+}
+
+}  // namespace
+
+TEST_CASE("lobpcg agrees with the dense SVD of J where gram loses digits") {
+  struct Case {
+    Index N, D, d;
+    std::uint64_t seed;
+  };
+  std::vector<Case> cases{Case{32, 32, 32, 11}, Case{40, 40, 40, 12}};
+  if (SC_TEST_SANITIZED) cases = {Case{12, 12, 12, 11}};
+  for (const Case c : cases) {
+    INFO("seed=" << c.seed << " N=D=d_k=d_v=" << c.N);
+    const auto p = make_problem<double>(c.N, c.D, c.d, c.d, c.seed);
+    const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts);
+    const auto d = dense_reference(p);
+    const auto g =
+        kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, with_method(JacobianKappaMethod::Gram));
+    MESSAGE("N=D=d=" << c.N << ": kappa(J) = " << d.kappa << "; sigma_min rel. error: lobpcg "
+                     << rel(l.sigma_min, d.sigma_min) << " (stated " << l.accuracy << ", "
+                     << l.iterations << " iterations incl. Lanczos), gram "
+                     << rel(g.sigma_min, d.sigma_min) << " (stated " << g.accuracy << ")");
+    if (!SC_TEST_SANITIZED) CHECK(d.kappa > 1e3);  // where squaring loses digits (MATH.md §3)
+    CHECK(rel(l.sigma_min, d.sigma_min) < 1e-9);   // the goal, whatever eps kappa is
+    CHECK(rel(l.kappa, d.kappa) < 1e-9);
+    check_agrees(l, d, 1e-9);
+    CHECK(l.rank == c.N * c.d);
+    CHECK(l.residual <= 1e-10);
+    // The stated accuracy is honest, and lobpcg is the more accurate of the two here.
+    CHECK(rel(l.sigma_min, d.sigma_min) <= 20 * (l.accuracy + sc_test::eps<double>() * d.kappa));
+    if (!SC_TEST_SANITIZED) CHECK(rel(l.sigma_min, d.sigma_min) < rel(g.sigma_min, d.sigma_min));
+  }
+}
+
+TEST_CASE("lobpcg: causal mask, c = 1, N > D with rank(X) < N, tiny J, and float inputs") {
+  const std::uint64_t seed = 91;
+  INFO("seed=" << seed);
+  auto causal = make_problem<double>(16, 24, 8, 8, seed, MaskKind::Causal);
+  check_agrees(
+      kappa_jacobian_lobpcg<double>(causal.X, causal.WQ, causal.WK, causal.WV, causal.opts),
+      dense_reference(causal), 1e-9);
+  auto unit = make_problem<double>(12, 16, 6, 5, seed + 1);
+  unit.opts.scale = 1.0;
+  check_agrees(kappa_jacobian_lobpcg<double>(unit.X, unit.WQ, unit.WK, unit.WV, unit.opts),
+               dense_reference(unit), 1e-9);
+  // N = 20 > D = 16: rank(X) = 16, J is 80 x 320, still of full row rank.
+  const auto tallx = make_problem<double>(20, 16, 8, 4, seed + 2);
+  check_agrees(kappa_jacobian_lobpcg<double>(tallx.X, tallx.WQ, tallx.WK, tallx.WV, tallx.opts),
+               dense_reference(tallx), 1e-9);
+  // Fewer rows than the basis [X, W, P] has columns (N d_v = 10 < 3 x 4), and than the block (3).
+  const auto small = make_problem<double>(5, 6, 3, 2, seed + 4);
+  check_agrees(kappa_jacobian_lobpcg<double>(small.X, small.WQ, small.WK, small.WV, small.opts),
+               dense_reference(small), 1e-9);
+  const auto tiny = make_problem<double>(3, 4, 2, 1, seed + 5);
+  check_agrees(kappa_jacobian_lobpcg<double>(tiny.X, tiny.WQ, tiny.WK, tiny.WV, tiny.opts),
+               dense_reference(tiny), 1e-9);
+  // float data: computed in double, so the answer is κ of the float data to double accuracy
+  // (c as given: the default 1/sqrt(d_k) would be rounded in float, the reference's in double).
+  auto f = make_problem<float>(16, 16, 8, 8, seed + 3);
+  f.opts.scale = 0.35f;
+  check_agrees(kappa_jacobian_lobpcg<float>(f.X, f.WQ, f.WK, f.WV, f.opts), dense_reference(f),
+               1e-9);
+}
+
+TEST_CASE("lobpcg's block size changes the iteration, not the answer") {
+  const auto p = make_problem<double>(kMid, kMid, kMid, kMid, 17);
+  const auto d = dense_reference(p);
+  for (Index b : {1, 2, 4, 8}) {
+    INFO("block=" << b);
+    JacobianKappaOptions jo;
+    jo.lobpcg_block = b;
+    const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+    check_agrees(l, d, 1e-9);
+    CHECK(l.note.find("block " + std::to_string(b)) != std::string::npos);
+  }
+}
+
+TEST_CASE("lobpcg declines tall and singular J; kappa_jacobian then answers by qr") {
+  SUBCASE("tall J: the gauge null space") {
+    // N d_v = 48 rows > D (2 d_k + d_v) = 3 * 10 = 30 columns.
+    const auto p = make_problem<double>(12, 3, 3, 4, 5);
+    const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts);
+    CHECK(l.info == Info::Singular);
+    CHECK(std::isnan(l.kappa));
+    CHECK(std::isnan(l.sigma_min));
+    CHECK(l.rank == -1);
+    CHECK(l.note.find("tall") != std::string::npos);
+    const auto k =
+        kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, with_method(JacobianKappaMethod::Lobpcg));
+    const auto q =
+        kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, with_method(JacobianKappaMethod::Qr));
+    CHECK(k.method == "qr");
+    CHECK(k.note.find("lobpcg did not answer") != std::string::npos);
+    CHECK(k.kappa == std::numeric_limits<double>::infinity());
+    CHECK(k.kappa_plus == q.kappa_plus);
+    CHECK(k.rank == q.rank);
+  }
+  SUBCASE("wide J of rank below N d_v: X of rank 2") {
+    // J~ has r (2 d_k + d_v) = 2 * 12 = 24 columns for N d_v = 32 rows: J J^T is singular.
+    const auto p = make_problem<double>(8, 8, 4, 4, 6, MaskKind::None, 2);
+    const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts);
+    INFO("note: " << l.note);
+    CHECK(l.info == Info::Singular);
+    CHECK(std::isnan(l.kappa));
+    const auto k =
+        kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, with_method(JacobianKappaMethod::Lobpcg));
+    const auto d = dense_reference(p);
+    CHECK(k.method == "qr");
+    CHECK(k.kappa == std::numeric_limits<double>::infinity());
+    CHECK(k.rank == d.rank);
+    CHECK(rel(k.kappa_plus, d.kappa_plus) < 1e-9);
+  }
+}
+
+TEST_CASE("lobpcg: NotConverging when the iterations run out; kappa_jacobian falls back to qr") {
+  const auto p = make_problem<double>(kMid, kMid, kMid, kMid, 17);
+  JacobianKappaOptions jo;
+  jo.lobpcg_max_iterations = 1;
+  jo.lobpcg_tol = 1e-300;
+  jo.lobpcg_block = 1;
+  const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO("note: " << l.note);
+  CHECK(l.info == Info::NotConverging);
+  CHECK(std::isnan(l.kappa));
+  CHECK(l.note.find("did not converge") != std::string::npos);
+  jo.method = JacobianKappaMethod::Lobpcg;
+  const auto k = kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  CHECK(k.method == "qr");
+  CHECK(k.info == Info::Success);
+  CHECK(rel(k.kappa, dense_reference(p).kappa) < 1e-9);
+}
+
+TEST_CASE("auto: gram when eps kappa^2 <= tol, else lobpcg, with the reason in the note") {
+  const auto p = make_problem<double>(kMid, kMid, kMid, kMid, 17);
+  const auto d = dense_reference(p);
+  JacobianKappaOptions jo;
+  jo.dense_max_entries = 0;  // so that auto does not take dense
+  jo.tol = 1e-300;
+  const auto a = kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO("note: " << a.note);
+  CHECK(a.note.find("auto chose an accurate method") != std::string::npos);
+  CHECK(a.note.find("lobpcg answered") != std::string::npos);
+  check_agrees(a, d, 1e-9);
+  jo.tol = 1.0;
+  const auto g = kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  CHECK(g.note.find("auto chose gram") != std::string::npos);
+}
+
+TEST_CASE("lobpcg: bad options throw, NaN input gives InvalidInput") {
+  const auto p = make_problem<double>(6, 8, 4, 3, 3);
+  JacobianKappaOptions jo;
+  jo.lobpcg_block = 0;
+  CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
+                  std::invalid_argument);
+  jo = {};
+  jo.lobpcg_tol = 1.5;
+  CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
+                  std::invalid_argument);
+  jo = {};
+  jo.lobpcg_max_iterations = 0;
+  CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
+                  std::invalid_argument);
+  auto bad = p;
+  bad.WK(1, 2) = std::numeric_limits<double>::quiet_NaN();
+  const auto r = kappa_jacobian_lobpcg<double>(bad.X, bad.WQ, bad.WK, bad.WV, bad.opts);
+  CHECK(r.info == Info::InvalidInput);
+  CHECK(r.method == "lobpcg");
+  CHECK(parse_jacobian_kappa_method("lobpcg") == JacobianKappaMethod::Lobpcg);
+  CHECK(std::string(to_string(JacobianKappaMethod::Lobpcg)) == "lobpcg");
+}
