@@ -13,7 +13,8 @@
 //              the Rayleigh-Ritz step an SVD of J^T S. Gram's rounding only slows the iteration;
 //              its fixed point is set by products with J: accuracy about ε κ(J), like qr, at
 //              about gram's cost. Answers only when the preconditioned iteration converges and
-//              σ_min is above the rank tolerance; otherwise (and for tall J) qr answers.
+//              σ_min is above the rank tolerance; otherwise (and for tall J, and when its stated
+//              accuracy exceeds max(tol, 100 ε κ)) kappa_jacobian takes qr.
 //   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
 //              triangular factor: backward stable, accuracy about ε κ(J).
 //   auto       dense when J is small; else gram when its own error estimate ε κ^2 is below the
@@ -285,7 +286,9 @@ struct LobpcgOutcome {
 ///     method, as long as the iteration converges;
 ///   - ρ = ||W_1|| = ||(L L^T)^{-1} r_1|| for the unit Ritz vector x_1 is the inverse-iteration
 ///     residual: with G~ = J J^T exactly, some eigenvalue λ of J J^T has |λ - σ^2| <= ρ λ, so σ
-///     is within about ρ / 2 of a singular value, relatively. Rounding in the products can put a
+///     is within about ρ / 2 of a singular value, relatively. G~ differs from J J^T, so
+///     ||(J J^T)^{-1} r_1|| <= (1 + ||G~ - J J^T|| / σ_min^2) ρ ≈ (1 + ε κ^2) ρ: the caller
+///     states that. Rounding in the products can put a
 ///     floor under ρ: the iteration stops at ρ <= tol, or once ρ <= 16 ε κ and σ moved by at most
 ///     4 ε κ relatively in the last step (nothing left to gain above rounding).
 template <typename = void>
@@ -326,7 +329,7 @@ inline LobpcgOutcome lobpcg_sigma_min(const JacobianProducts<double>& J, const M
   rayleigh_ritz();
   X = Xn;
   LobpcgOutcome out;
-  const double rho_start = 1.0;
+  double done = 0;  // progress: the fraction of the way from ρ = 1 to ρ = tol, never decreasing
   for (Index it = 0;; ++it) {
     R.resize(m, sig.size());
     for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
@@ -343,9 +346,10 @@ inline LobpcgOutcome lobpcg_sigma_min(const JacobianProducts<double>& J, const M
       return out;
     }
     if (it >= jo.lobpcg_max_iterations || !std::isfinite(out.rho)) return out;
-    if (progress)
-      progress(std::clamp(std::log(rho_start / out.rho) / std::log(rho_start / jo.lobpcg_tol), 0.0,
-                          1.0));
+    if (progress) {
+      done = std::max(done, std::clamp(std::log(out.rho) / std::log(jo.lobpcg_tol), 0.0, 1.0));
+      progress(done);
+    }
     // Basis [X, W, P], W and P scaled to unit columns (zero ones dropped) so that the QR keeps
     // their directions to working precision however small the correction has become.
     Index cols = X.cols();
@@ -506,7 +510,8 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
 /// κ(J) of a wide J (N d_v <= columns) by the lobpcg method (top of this header; MATH.md §3-4):
 /// σ_max by Lanczos on J J^T (matrix-free; squaring does not hurt the largest), σ_min by
 /// detail::lobpcg_sigma_min with the Cholesky factor of the structured Gram matrix as
-/// preconditioner. Accuracy about ε κ(J) + ρ / 2 (field `accuracy`; ρ in `residual`). Cost: the
+/// preconditioner. Accuracy about ε κ(J) + (1 + ε κ(J)^2) ρ / 2 (field `accuracy`; ρ in
+/// `residual`): ε κ where ε κ^2 is small, more where the preconditioner is poor. Cost: the
 /// Gram matrix, one Cholesky factorisation ((N d_v)^3 / 3 flops, (N d_v)^2 doubles) and a few
 /// LOBPCG iterations of O((N d_v)^2 block) each.
 /// It answers (Info::Success) only when the iteration converges and σ_min is above the rank
@@ -564,7 +569,7 @@ ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<
   Mat<double> L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
   if (jo.progress) jo.progress(0.25);
   std::ostringstream note;
-  note << "lobpcg: block " << jo.lobpcg_block
+  note << "lobpcg: block " << std::min(jo.lobpcg_block, m)
        << ", preconditioned by the Cholesky factor of J J^T (" << m << " x " << m << ")";
   if (!detail::cholesky_in_place(L))
     return no_answer(Info::Singular, note.str() +
@@ -579,20 +584,25 @@ ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<
   res.iterations += lo.iterations;
   res.residual = lo.rho;
   note << "; " << lo.iterations << " iterations, residual bound rho = " << lo.rho;
+  // A Ritz value bounds σ_min from above, converged or not: at or below the rank tolerance, J is
+  // numerically singular.
+  if (!(lo.sigma > res.rank_tol))
+    return no_answer(Info::Singular, note.str() + ": sigma_min <= " + std::to_string(lo.sigma) +
+                                         " is not above the rank tolerance; the rank and "
+                                         "kappa_plus need method qr or dense");
   if (!lo.converged)
     return no_answer(Info::NotConverging, note.str() + ": did not converge in " +
                                               std::to_string(jo.lobpcg_max_iterations) +
                                               " iterations (raise lobpcg_max_iterations or "
                                               "lobpcg_block, or use method qr)");
   res.sigma_min = lo.sigma;
-  if (!(res.sigma_min > res.rank_tol))
-    return no_answer(Info::Singular, note.str() + ": sigma_min = " + std::to_string(lo.sigma) +
-                                         " is not above the rank tolerance; the rank and "
-                                         "kappa_plus need method qr or dense");
   res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
   res.sigma_min_plus = res.sigma_min;
   res.rank = std::min(in.rows, in.cols);
-  res.accuracy = ScalarTraits<double>::eps() * res.kappa + lo.rho / 2;
+  // ε κ from the products with J; ρ / 2 from the iteration, times 1 + ε κ^2 for the distance of
+  // the preconditioner from (J J^T)^{-1} (detail::lobpcg_sigma_min).
+  const double eps_kappa = ScalarTraits<double>::eps() * res.kappa;
+  res.accuracy = eps_kappa + (1 + eps_kappa * res.kappa) * lo.rho / 2;
   res.info = Info::Success;
   res.note = note.str();
   if (jo.progress) jo.progress(1.0);
@@ -639,11 +649,17 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   std::ostringstream why;
   auto accurate = [&] {
     ConditionResult<double> r = kappa_jacobian_lobpcg<Scalar>(X, WQ, WK, WV, opts, jo);
-    if (r.info == Info::Success) {
+    // qr's accuracy is about ε κ: lobpcg's answer stands when it is within 100 ε κ or tol.
+    const double good_enough = std::max(jo.tol, 100 * ScalarTraits<double>::eps() * r.kappa);
+    if (r.info == Info::Success && r.accuracy <= good_enough) {
       why << "lobpcg answered";
       return r;
     }
-    why << "lobpcg did not answer (" << r.note << "), so qr";
+    if (r.info == Info::Success)
+      why << "lobpcg's stated accuracy " << r.accuracy
+          << " exceeds max(tol, 100 eps kappa) = " << good_enough << ", so qr";
+    else
+      why << "lobpcg did not answer (" << r.note << "), so qr";
     return qr();
   };
   if (jo.method == JacobianKappaMethod::Lobpcg) {
