@@ -176,13 +176,20 @@ int main(int argc, char** argv) {
 
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
   if (!a.vitb) {
-    // The updates are BLAS GEMMs with BLAS's threads: judged against BLAS's own GEMM rate.
+    // The updates are BLAS GEMMs with BLAS's threads: judged against BLAS's own GEMM rate, each
+    // the best of three runs (the first QR above and two more).
+    double best = factor;
+    for (int rep = 0; rep < 2; ++rep) {
+      double t = 0, f = 0;
+      run_qr(a, X, WQ, WK, WV, a.q, t, f, false);
+      best = std::min(best, f);
+    }
     const double gemm = gemm_rate(2048, 1024, true), eigen_gemm = gemm_rate(2048, 1024, false);
     std::printf(
-        "qr streaming: %.2f Gflop/s; BLAS GEMM 2048 x 1024 x 2048: %.2f Gflop/s (same threads); "
-        "QR at %.0f%% of the GEMM rate (goal >= 50%%); Eigen's portable GEMM, one thread: "
-        "%.2f Gflop/s\n",
-        flops / factor / 1e9, gemm / 1e9, 100 * flops / factor / gemm, eigen_gemm / 1e9);
+        "qr streaming, best of 3: %.2f Gflop/s (runs of this machine vary by up to 25%%); BLAS "
+        "GEMM 2048 x 1024 x 2048, best of 3: %.2f Gflop/s (same threads); QR at %.0f%% of the "
+        "GEMM rate (goal >= 50%%); Eigen's portable GEMM, one thread: %.2f Gflop/s\n",
+        flops / best / 1e9, gemm / 1e9, 100 * flops / best / gemm, eigen_gemm / 1e9);
   }
 #else
   if (!a.vitb) {
