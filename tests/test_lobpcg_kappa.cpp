@@ -236,6 +236,13 @@ TEST_CASE("auto: gram when eps kappa^2 <= tol, else lobpcg, with the reason in t
   CHECK(a.note.find("auto chose an accurate method") != std::string::npos);
   CHECK(a.note.find("lobpcg answered") != std::string::npos);
   check_agrees(a, d, 1e-9);
+  // With gram's Lanczos-and-Cholesky route, lobpcg takes gram's Cholesky factor.
+  jo.gram_eig_max = 1;
+  const auto shared = kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO("note: " << shared.note);
+  CHECK(shared.note.find("gram's") != std::string::npos);
+  check_agrees(shared, d, 1e-9);
+  CHECK(shared.sigma_min == a.sigma_min);  // the same factor, the same iteration
   jo.tol = 1.0;
   const auto g = kappa_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
   CHECK(g.note.find("auto chose gram") != std::string::npos);

@@ -385,14 +385,14 @@ ConditionResult<double> kappa_jacobian_dense(const CRef<Scalar>& X, const CRef<S
   return res;
 }
 
-/// κ(J) from the structured Gram matrix (MATH.md §3), without forming J. Accuracy ε κ^2.
-template <typename Scalar>
-ConditionResult<double> kappa_jacobian_gram(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
-                                            const CRef<Scalar>& WK, const CRef<Scalar>& WV,
-                                            const AttentionOptions<Scalar>& opts,
-                                            const JacobianKappaOptions& jo = {}) {
-  jo.check("kappa_jacobian_gram");
-  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+namespace detail {
+
+/// kappa_jacobian_gram on inputs in double. When `factor` is given and the Cholesky route ran
+/// and succeeded, the Cholesky factor of J J^T is moved there (for lobpcg, which then need not
+/// form and factor J J^T again).
+template <typename = void>
+inline ConditionResult<double> gram_condition(const KJInputs& in, const JacobianKappaOptions& jo,
+                                              Mat<double>* factor) {
   const char* which = in.wide() ? "J J^T" : "J^T J";
   Mat<double> G = in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
                             : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts);
@@ -401,8 +401,8 @@ ConditionResult<double> kappa_jacobian_gram(const CRef<Scalar>& X, const CRef<Sc
   ConditionResult<double> res;
   if (n <= jo.gram_eig_max) {
     Eigen::SelfAdjointEigenSolver<Mat<double>> es(G, Eigen::EigenvaluesOnly);
-    res = detail::condition_from_gram_eigenvalues(
-        es.eigenvalues(), in.rows, in.cols, jo, std::string("gram (eigenvalues of ") + which + ")");
+    res = condition_from_gram_eigenvalues(es.eigenvalues(), in.rows, in.cols, jo,
+                                          std::string("gram (eigenvalues of ") + which + ")");
   } else {
     // Lanczos for λ_max(G); then G is factored in place (peak memory one G) and Lanczos on
     // G^{-1} gives λ_min(G).
@@ -438,11 +438,24 @@ ConditionResult<double> kappa_jacobian_gram(const CRef<Scalar>& X, const CRef<Sc
         res.note = "sigma_min below sqrt(n eps) sigma_1: indistinguishable from zero by gram";
       }
       if (!std::isfinite(lmax) || !std::isfinite(linv)) res.info = Info::NotConverging;
+      if (factor != nullptr && in.wide()) *factor = std::move(G);
     }
   }
   if (jo.progress) jo.progress(1.0);
-  detail::squared_accuracy(res, jo);
+  squared_accuracy(res, jo);
   return res;
+}
+
+}  // namespace detail
+
+/// κ(J) from the structured Gram matrix (MATH.md §3), without forming J. Accuracy ε κ^2.
+template <typename Scalar>
+ConditionResult<double> kappa_jacobian_gram(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                            const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                            const AttentionOptions<Scalar>& opts,
+                                            const JacobianKappaOptions& jo = {}) {
+  jo.check("kappa_jacobian_gram");
+  return detail::gram_condition(detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts), jo, nullptr);
 }
 
 /// κ(J) matrix-free (MATH.md §3): Lanczos through the JVP/VJP operators (operators.hpp), on
@@ -520,24 +533,17 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
 /// definite (ε κ^2 well above 1, or J singular), or when σ_min is below the rank tolerance (rank
 /// and kappa_plus then need qr or dense); Info::NotConverging when the iteration does not
 /// converge. kappa_jacobian with method lobpcg or auto then calls qr.
-template <typename Scalar>
-ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
-                                              const CRef<Scalar>& WK, const CRef<Scalar>& WV,
-                                              const AttentionOptions<Scalar>& opts,
-                                              const JacobianKappaOptions& jo = {}) {
+namespace detail {
+
+/// kappa_jacobian_lobpcg on inputs in double; `L`, when not empty, is the Cholesky factor of
+/// J J^T that gram_condition already computed.
+template <typename = void>
+inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const JacobianKappaOptions& jo,
+                                                Mat<double> L) {
   constexpr const char* fn = "kappa_jacobian_lobpcg";
-  jo.check(fn);
-  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
-  opts.check(fn, X.rows());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   ConditionResult<double> res;
   res.method = "lobpcg";
-  if (!X.allFinite() || !WQ.allFinite() || !WK.allFinite() || !WV.allFinite()) {
-    res = detail::invalid_condition<double>("X or a weight contains NaN or Inf");
-    res.method = "lobpcg";
-    return res;
-  }
-  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   auto no_answer = [&](Info info, const std::string& why) {
     res.info = info;
     res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
@@ -556,9 +562,9 @@ ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<
     JacobianKappaOptions big = jo;
     big.iter_tol = std::min(jo.iter_tol, 1e-13);
     res.sigma_max =
-        std::sqrt(std::max(0.0, detail::lanczos_largest(op, m, big, res.iterations, res.residual)));
+        std::sqrt(std::max(0.0, lanczos_largest(op, m, big, res.iterations, res.residual)));
   }
-  KappaOptions<double> ko = detail::kappa_opts(jo);
+  KappaOptions<double> ko = kappa_opts(jo);
   res.rank_tol = ko.resolved_rtol(in.rows, in.cols) * res.sigma_max;
   if (!(res.sigma_max > 0) || !std::isfinite(res.sigma_max))
     return no_answer(Info::NotConverging, "Lanczos for sigma_max did not converge");
@@ -566,21 +572,23 @@ ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<
   // The preconditioner: G~ = L L^T, the structured Gram matrix (gram.hpp). When rounding has made
   // G~ indefinite (ε κ^2 well above 1), G~ cannot tell the smallest singular directions apart
   // and the iteration could settle on the wrong one: no answer then (qr is the method for it).
-  Mat<double> L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
-  if (jo.progress) jo.progress(0.25);
   std::ostringstream note;
   note << "lobpcg: block " << std::min(jo.lobpcg_block, m)
-       << ", preconditioned by the Cholesky factor of J J^T (" << m << " x " << m << ")";
-  if (!detail::cholesky_in_place(L))
-    return no_answer(Info::Singular, note.str() +
-                                         ": J J^T is not positive definite at working "
-                                         "precision (eps kappa^2 >~ 1, or J singular)");
+       << ", preconditioned by the Cholesky factor of J J^T (" << m << " x " << m
+       << (L.rows() == m ? ", gram's" : "") << ")";
+  if (L.rows() != m) {
+    L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
+    if (jo.progress) jo.progress(0.25);
+    if (!cholesky_in_place(L))
+      return no_answer(Info::Singular, note.str() +
+                                           ": J J^T is not positive definite at working "
+                                           "precision (eps kappa^2 >~ 1, or J singular)");
+  }
   if (jo.progress) jo.progress(0.55);
-  const detail::JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All,
-                                           fn);
+  const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.55 + 0.45 * f); };
-  const detail::LobpcgOutcome lo = detail::lobpcg_sigma_min(J, L, res.sigma_max, jo, inner);
+  const LobpcgOutcome lo = lobpcg_sigma_min(J, L, res.sigma_max, jo, inner);
   res.iterations += lo.iterations;
   res.residual = lo.rho;
   note << "; " << lo.iterations << " iterations, residual bound rho = " << lo.rho;
@@ -600,13 +608,32 @@ ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<
   res.sigma_min_plus = res.sigma_min;
   res.rank = std::min(in.rows, in.cols);
   // ε κ from the products with J; ρ / 2 from the iteration, times 1 + ε κ^2 for the distance of
-  // the preconditioner from (J J^T)^{-1} (detail::lobpcg_sigma_min).
+  // the preconditioner from (J J^T)^{-1} (lobpcg_sigma_min).
   const double eps_kappa = ScalarTraits<double>::eps() * res.kappa;
   res.accuracy = eps_kappa + (1 + eps_kappa * res.kappa) * lo.rho / 2;
   res.info = Info::Success;
   res.note = note.str();
   if (jo.progress) jo.progress(1.0);
   return res;
+}
+
+}  // namespace detail
+
+template <typename Scalar>
+ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                              const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                              const AttentionOptions<Scalar>& opts,
+                                              const JacobianKappaOptions& jo = {}) {
+  constexpr const char* fn = "kappa_jacobian_lobpcg";
+  jo.check(fn);
+  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  opts.check(fn, X.rows());
+  if (!X.allFinite() || !WQ.allFinite() || !WK.allFinite() || !WV.allFinite()) {
+    auto bad = detail::invalid_condition<double>("X or a weight contains NaN or Inf");
+    bad.method = "lobpcg";
+    return bad;
+  }
+  return detail::lobpcg_condition(detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts), jo, {});
 }
 
 /// κ(J) by the method in `jo` (MATH.md §3–4); see the top of this header for what each does.
@@ -646,9 +673,11 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       break;
   }
   // lobpcg where it answers, else qr (kappa_jacobian_lobpcg's comment says when it does not).
+  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+  Mat<double> factor;  // J J^T's Cholesky factor when gram computed it, for lobpcg
   std::ostringstream why;
   auto accurate = [&] {
-    ConditionResult<double> r = kappa_jacobian_lobpcg<Scalar>(X, WQ, WK, WV, opts, jo);
+    ConditionResult<double> r = detail::lobpcg_condition(in, jo, std::move(factor));
     // qr's accuracy is about ε κ: lobpcg's answer stands when it is within 100 ε κ or tol.
     const double good_enough = std::max(jo.tol, 100 * ScalarTraits<double>::eps() * r.kappa);
     if (r.info == Info::Success && r.accuracy <= good_enough) {
@@ -675,7 +704,7 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
     why << "auto chose dense: J has " << rows * cols << " <= " << jo.dense_max_entries
         << " entries";
   } else {
-    res = kappa_jacobian_gram<Scalar>(X, WQ, WK, WV, opts, jo);
+    res = detail::gram_condition(in, jo, &factor);
     if (res.info != Info::InvalidInput && res.accuracy <= jo.tol) {
       why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
           << " is below tol = " << jo.tol;
