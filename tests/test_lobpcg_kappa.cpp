@@ -2,13 +2,13 @@
 // §4): against a dense SVD of the assembled J on PyTorch-style instances where gram loses digits,
 // with masks, c = 1, N > D and float inputs; where it declines (tall or singular J, no
 // convergence) and what kappa_jacobian does then (qr); auto's choice; option checks.
-#include <spectral_cond/jacobian.hpp>
 #include <spectral_cond/jacobian_kappa.hpp>
-#include <spectral_cond/kappa.hpp>
 
+#include "dense_reference.hpp"
 #include "test_helpers.hpp"
 
 using namespace spectral_cond;
+using sc_test::dense_reference;
 using sc_test::make_problem;
 using sc_test::Problem;
 
@@ -27,22 +27,8 @@ JacobianKappaOptions with_method(JacobianKappaMethod m) {
   return jo;
 }
 
-/// The reference: a dense SVD of the assembled J (in double, of the same data).
-template <typename Scalar>
-ConditionResult<double> dense_reference(const Problem<Scalar>& p) {
-  AttentionOptions<double> o;
-  if (p.opts.scale) o.scale = static_cast<double>(*p.opts.scale);
-  o.mask = p.opts.mask;
-  const Mat<double> J = attention_jacobian(
-      p.X.template cast<double>().eval(), p.WQ.template cast<double>().eval(),
-      p.WK.template cast<double>().eval(), p.WV.template cast<double>().eval(), o);
-  KappaOptions<double> ko;
-  ko.svd = SvdMethod::BDC;
-  return kappa(J, ko);
-}
-
 /// lobpcg answered, and agrees with the dense SVD to `tol` or to what the two accuracies allow:
-/// its own (ε κ + ρ / 2) plus the SVD's ε κ, with a factor 20 for the polynomial in the sizes.
+/// its stated accuracy plus the SVD's ε κ, with a factor 20 for the polynomial in the sizes.
 void check_agrees(const ConditionResult<double>& l, const ConditionResult<double>& d, double tol) {
   INFO("lobpcg: sigma_min " << l.sigma_min << " kappa " << l.kappa << " accuracy " << l.accuracy
                             << " residual " << l.residual << " note: " << l.note);

@@ -1,15 +1,15 @@
 // The qr method for kappa(J) (MATH.md §3 "Squaring is not affordable", §4): against a dense SVD
 // of the assembled J on PyTorch-style instances, the tall gauge-singular case, masks, float
 // inputs, the input Jacobian, and the streaming parameters (block, panel, threads).
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/kappa.hpp>
 #include <spectral_cond/qr_kappa.hpp>
 
 #include <chrono>
 
+#include "dense_reference.hpp"
 #include "test_helpers.hpp"
 
 using namespace spectral_cond;
+using sc_test::dense_reference;
 using sc_test::make_problem;
 using sc_test::Problem;
 using sc_test::randn;
@@ -18,21 +18,6 @@ namespace {
 
 double rel(double a, double b) {
   return std::abs(a - b) / std::abs(b);
-}
-
-/// The reference: a dense SVD of the assembled J (in double, of the same data).
-template <typename Scalar>
-ConditionResult<double> dense_reference(const Problem<Scalar>& p, JacobianBlock block,
-                                        SvdMethod svd = SvdMethod::BDC) {
-  AttentionOptions<double> o;
-  if (p.opts.scale) o.scale = static_cast<double>(*p.opts.scale);
-  o.mask = p.opts.mask;
-  const Mat<double> J = attention_jacobian(
-      p.X.template cast<double>().eval(), p.WQ.template cast<double>().eval(),
-      p.WK.template cast<double>().eval(), p.WV.template cast<double>().eval(), o, block);
-  KappaOptions<double> ko;
-  ko.svd = svd;
-  return kappa(J, ko);
 }
 
 /// qr and the dense SVD agree to `tol`, or to 20 ε κ when that is larger: both methods are

@@ -38,6 +38,7 @@
 #include <Eigen/SVD>
 
 #include <functional>
+#include <optional>
 #include <random>
 
 // Functions on double alone are written `template <typename = void>`: they are then compiled
@@ -387,6 +388,22 @@ ConditionResult<double> kappa_jacobian_dense(const CRef<Scalar>& X, const CRef<S
 
 namespace detail {
 
+/// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
+/// an InvalidInput result (with `method`) for NaN or Inf input, else empty.
+template <typename Scalar>
+std::optional<ConditionResult<double>> check_kj_inputs(
+    const char* fn, const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+    const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts, const JacobianKappaOptions& jo,
+    const char* method) {
+  jo.check(fn);
+  check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  opts.check(fn, X.rows());
+  if (X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite()) return std::nullopt;
+  auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
+  bad.method = method;
+  return bad;
+}
+
 /// kappa_jacobian_gram on inputs in double. When `factor` is given and the Cholesky route ran
 /// and succeeded, the Cholesky factor of J J^T is moved there (for lobpcg, which then need not
 /// form and factor J J^T again).
@@ -520,19 +537,6 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
   return res;
 }
 
-/// κ(J) of a wide J (N d_v <= columns) by the lobpcg method (top of this header; MATH.md §3-4):
-/// σ_max by Lanczos on J J^T (matrix-free; squaring does not hurt the largest), σ_min by
-/// detail::lobpcg_sigma_min with the Cholesky factor of the structured Gram matrix as
-/// preconditioner. Accuracy about ε κ(J) + (1 + ε κ(J)^2) ρ / 2 (field `accuracy`; ρ in
-/// `residual`): ε κ where ε κ^2 is small, more where the preconditioner is poor. Cost: the
-/// Gram matrix, one Cholesky factorisation ((N d_v)^3 / 3 flops, (N d_v)^2 doubles) and a few
-/// LOBPCG iterations of O((N d_v)^2 block) each.
-/// It answers (Info::Success) only when the iteration converges and σ_min is above the rank
-/// tolerance. Otherwise it says why and leaves kappa NaN: Info::Singular when J is tall (the
-/// gauge directions are in its null space, MATH.md §4), when the computed J J^T is not positive
-/// definite (ε κ^2 well above 1, or J singular), or when σ_min is below the rank tolerance (rank
-/// and kappa_plus then need qr or dense); Info::NotConverging when the iteration does not
-/// converge. kappa_jacobian with method lobpcg or auto then calls qr.
 namespace detail {
 
 /// kappa_jacobian_lobpcg on inputs in double; `L`, when not empty, is the Cholesky factor of
@@ -619,20 +623,27 @@ inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const Jacobi
 
 }  // namespace detail
 
+/// κ(J) of a wide J (N d_v <= columns) by the lobpcg method (top of this header; MATH.md §3-4):
+/// σ_max by Lanczos on J J^T (matrix-free; squaring does not hurt the largest), σ_min by
+/// detail::lobpcg_sigma_min with the Cholesky factor of the structured Gram matrix as
+/// preconditioner. Accuracy about ε κ(J) + (1 + ε κ(J)^2) ρ / 2 (field `accuracy`; ρ in
+/// `residual`): ε κ where ε κ^2 is small, more where the preconditioner is poor. Cost: the
+/// Gram matrix, one Cholesky factorisation ((N d_v)^3 / 3 flops, (N d_v)^2 doubles) and a few
+/// LOBPCG iterations of O((N d_v)^2 block) each.
+/// It answers (Info::Success) only when the iteration converges and σ_min is above the rank
+/// tolerance. Otherwise it says why and leaves kappa NaN: Info::Singular when J is tall (the
+/// gauge directions are in its null space, MATH.md §4), when the computed J J^T is not positive
+/// definite (ε κ^2 well above 1, or J singular), or when σ_min is below the rank tolerance (rank
+/// and kappa_plus then need qr or dense); Info::NotConverging when the iteration does not
+/// converge. kappa_jacobian with method lobpcg or auto then calls qr.
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_lobpcg(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                               const CRef<Scalar>& WK, const CRef<Scalar>& WV,
                                               const AttentionOptions<Scalar>& opts,
                                               const JacobianKappaOptions& jo = {}) {
-  constexpr const char* fn = "kappa_jacobian_lobpcg";
-  jo.check(fn);
-  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
-  opts.check(fn, X.rows());
-  if (!X.allFinite() || !WQ.allFinite() || !WK.allFinite() || !WV.allFinite()) {
-    auto bad = detail::invalid_condition<double>("X or a weight contains NaN or Inf");
-    bad.method = "lobpcg";
-    return bad;
-  }
+  if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian_lobpcg", X, WQ, WK, WV, opts, jo,
+                                                 "lobpcg"))
+    return *bad;
   return detail::lobpcg_condition(detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts), jo, {});
 }
 
@@ -642,17 +653,11 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
                                        const CRef<Scalar>& WK, const CRef<Scalar>& WV,
                                        const AttentionOptions<Scalar>& opts,
                                        const JacobianKappaOptions& jo = {}) {
-  constexpr const char* fn = "kappa_jacobian";
-  jo.check(fn);
-  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
-  opts.check(fn, X.rows());
-  if (!X.allFinite() || !WQ.allFinite() || !WK.allFinite() || !WV.allFinite()) {
-    auto bad = detail::invalid_condition<double>("X or a weight contains NaN or Inf");
-    bad.method = to_string(jo.method);
-    return bad;
-  }
+  if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
+                                                 to_string(jo.method)))
+    return *bad;
+  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   auto qr = [&] {
-    const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
     QrKappaOptions qo;
     qo.rtol = jo.rtol;
     qo.progress = jo.progress;
@@ -663,7 +668,7 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
     case JacobianKappaMethod::Dense:
       return kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
     case JacobianKappaMethod::Gram:
-      return kappa_jacobian_gram<Scalar>(X, WQ, WK, WV, opts, jo);
+      return detail::gram_condition(in, jo, nullptr);
     case JacobianKappaMethod::Iterative:
       return kappa_jacobian_iterative<Scalar>(X, WQ, WK, WV, opts, jo);
     case JacobianKappaMethod::Qr:
@@ -673,7 +678,6 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       break;
   }
   // lobpcg where it answers, else qr (kappa_jacobian_lobpcg's comment says when it does not).
-  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   Mat<double> factor;  // J J^T's Cholesky factor when gram computed it, for lobpcg
   std::ostringstream why;
   auto accurate = [&] {
