@@ -9,8 +9,8 @@
 //
 // All buffers are allocated and touched before timing, so page faults are not measured. The
 // ratios are printed after the Google Benchmark table.
-#include <spectral_cond/gram.hpp>
-#include <spectral_cond/jacobian.hpp>
+#include <spectral_cond/jacobian/gram.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -11,10 +11,10 @@
 // accuracy gram states for itself.
 //
 //   bench_kappa_jacobian [--seed S] [--write-npy DIR]   (DIR: X, W, J for bench/peers/numpy_svd.py)
+#include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 #include <spectral_cond/io/npy.hpp>
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/jacobian_kappa.hpp>
-#include <spectral_cond/kappa.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "bench_common.hpp"
 

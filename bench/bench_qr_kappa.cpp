@@ -11,11 +11,11 @@
 //   bench_qr_kappa --write-npy DIR      also writes X, W_Q, W_K, W_V, J and the qr and lobpcg
 //                                       results as .npy for bench/peers/numpy_svd.py
 //   --threads T, --panel NB, --block M  QrKappaOptions; --no-dense skips the dense SVD; --seed S
+#include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
+#include <spectral_cond/conditioning/methods/qr.hpp>
 #include <spectral_cond/io/npy.hpp>
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/jacobian_kappa.hpp>
-#include <spectral_cond/kappa.hpp>
-#include <spectral_cond/qr_kappa.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "bench_common.hpp"
 

@@ -2,9 +2,9 @@
 // same inputs (MATH.md §2–3): relative error <= 1e-10 in double, 1e-4 in float.
 #include "cuda_test_main.hpp"
 
-#include "spectral_cond/gram.hpp"
-#include "spectral_cond/jacobian.hpp"
-#include "spectral_cond/multihead.hpp"
+#include "spectral_cond/core/multihead.hpp"
+#include "spectral_cond/jacobian/gram.hpp"
+#include "spectral_cond/jacobian/jacobian.hpp"
 
 using sc::Index;
 using sc::Mat;

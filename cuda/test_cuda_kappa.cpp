@@ -4,9 +4,9 @@
 // ε κ for qr): two backward-stable solvers agree only up to that.
 #include "cuda_test_main.hpp"
 
-#include "spectral_cond/corrections.hpp"
-#include "spectral_cond/jacobian_kappa.hpp"
-#include "spectral_cond/qr_kappa.hpp"
+#include "spectral_cond/conditioning/corrections.hpp"
+#include "spectral_cond/conditioning/methods/kappa_jacobian.hpp"
+#include "spectral_cond/conditioning/methods/qr.hpp"
 
 using sc::Index;
 using sc::Mat;

@@ -2,8 +2,8 @@
 // double, of the same data as a sc_test::Problem.
 #pragma once
 
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/kappa.hpp>
+#include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "test_helpers.hpp"
 

@@ -1,6 +1,6 @@
 // Theorem 3.4 term by term (MATH.md §5): the softmax Jacobian's spectrum against the assembled
 // N^2 x N^2 matrix, the bound's arithmetic, and the verdicts.
-#include <spectral_cond/bound.hpp>
+#include <spectral_cond/conditioning/bound.hpp>
 
 #include "test_helpers.hpp"
 

@@ -2,8 +2,8 @@
 // Jacobian M against J and J_X assembled column by column from attention_jvp on basis tangents
 // (an oracle independent of the closed forms): equal singular values, J J^T = J~ J~^T, block
 // extraction, N < D, N = D, N > D, rank-deficient X, causal mask, float.
-#include <spectral_cond/attention.hpp>
-#include <spectral_cond/compressed.hpp>
+#include <spectral_cond/core/attention.hpp>
+#include <spectral_cond/jacobian/compressed.hpp>
 
 #include <Eigen/SVD>
 

@@ -1,7 +1,7 @@
 // Spectrally conditioned attention (paper §3, MATH.md §6–7): forward equals attention at W + C,
 // the VJP and JVP match central differences with respect to W (C fixed), fold-in, refresh.
-#include <spectral_cond/conditioned.hpp>
-#include <spectral_cond/finite_diff.hpp>
+#include <spectral_cond/conditioning/conditioned.hpp>
+#include <spectral_cond/testing/finite_diff.hpp>
 
 #include "test_helpers.hpp"
 

@@ -1,7 +1,7 @@
 // The paper's corrections (MATH.md §6–7): Theorem 3.5's exact correction reaches its predicted
 // kappa and keeps singular vectors; λ I_k obeys the Weyl bound where it applies, and fails
 // without a hypothesis (the diag(-9.9, 5) counterexample); multi-head placements.
-#include <spectral_cond/corrections.hpp>
+#include <spectral_cond/conditioning/corrections.hpp>
 
 #include "test_helpers.hpp"
 

@@ -1,7 +1,7 @@
 // The Gram matrices without J (MATH.md §3): the structured J J^T and J^T J of every block
 // against products of the assembled Jacobian, which itself is checked against finite
 // differences in test_jacobian.
-#include <spectral_cond/gram.hpp>
+#include <spectral_cond/jacobian/gram.hpp>
 
 #include <Eigen/Eigenvalues>
 #include <Eigen/SVD>

@@ -1,8 +1,8 @@
 // Shared helpers for the test suite: seeded random matrices and relative errors.
 #pragma once
 
-#include <spectral_cond/attention.hpp>
-#include <spectral_cond/common.hpp>
+#include <spectral_cond/core/attention.hpp>
+#include <spectral_cond/core/common.hpp>
 
 #include <doctest/doctest.h>
 

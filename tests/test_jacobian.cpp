@@ -1,9 +1,9 @@
 // The assembled Jacobian (MATH.md §3) and the multi-head layer Jacobian (§8): every column
 // against central finite differences of the forward pass, J against the JVP on basis vectors,
 // J^T against the VJP, and the known structure (rank of J_Q, gauge null space of §4).
-#include <spectral_cond/finite_diff.hpp>
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/multihead_jacobian.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
+#include <spectral_cond/jacobian/multihead_jacobian.hpp>
+#include <spectral_cond/testing/finite_diff.hpp>
 
 #include <Eigen/SVD>
 

@@ -1,6 +1,6 @@
 // κ(J) by dense, gram, iterative, qr, lobpcg and auto (MATH.md §3–4): the methods agree within
 // their stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
-#include <spectral_cond/jacobian_kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
 #include "test_helpers.hpp"
 

@@ -1,6 +1,6 @@
 // Condition numbers (MATH.md §4): every kappa against an independent Eigen::JacobiSVD, the
 // exact semantics for singular, rank-deficient, zero and invalid matrices, every SVD backend.
-#include <spectral_cond/kappa.hpp>
+#include <spectral_cond/conditioning/kappa.hpp>
 
 #include "test_helpers.hpp"
 

@@ -2,7 +2,7 @@
 // §4): against a dense SVD of the assembled J on PyTorch-style instances where gram loses digits,
 // with masks, c = 1, N > D and float inputs; where it declines (tall or singular J, no
 // convergence) and what kappa_jacobian does then (qr); auto's choice; option checks.
-#include <spectral_cond/jacobian_kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
 #include "dense_reference.hpp"
 #include "test_helpers.hpp"

@@ -1,7 +1,7 @@
 // The .npy reader and writer (spectral_cond/io/npy.hpp) and atomic writes (atomic_file.hpp):
 // round trips, hand-written files of every supported kind, and every malformed case.
 #include <spectral_cond/io/npy.hpp>
-#include <spectral_cond/jacobian.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "test_helpers.hpp"
 

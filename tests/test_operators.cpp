@@ -1,7 +1,7 @@
 // Matrix-free operators (J, J^T, J J^T, J^T J) against the assembled matrices (MATH.md §3),
 // the adjoint identity, and GramOp inside Spectra's SymEigsSolver.
-#include <spectral_cond/jacobian.hpp>
-#include <spectral_cond/operators.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
+#include <spectral_cond/jacobian/operators.hpp>
 
 #include <Spectra/SymEigsSolver.h>
 #include <Eigen/SVD>

@@ -1,7 +1,7 @@
 // The qr method for kappa(J) (MATH.md §3 "Squaring is not affordable", §4): against a dense SVD
 // of the assembled J on PyTorch-style instances, the tall gauge-singular case, masks, float
 // inputs, the input Jacobian, and the streaming parameters (block, panel, threads).
-#include <spectral_cond/qr_kappa.hpp>
+#include <spectral_cond/conditioning/methods/qr.hpp>
 
 #include <chrono>
 

@@ -1,8 +1,11 @@
-// The verifier (include/spectral_cond/verify.hpp): each checker on inputs where the statement
+// The verifier (the single checks of include/spectral_cond/testing/checks.hpp and the tool's sweep,
+// apps/spectral-cond/verify_sweep.hpp): each checker on inputs where the statement
 // holds, on constructed inputs where its hypothesis fails (not applicable, not a failure), on
 // deliberately wrong claims (violated); the sweep's bookkeeping; and the JSON reports of
 // `kappa` and `verify` (apps/spectral-cond/report_json.hpp, documented in docs/cli.md).
-#include <spectral_cond/verify.hpp>
+#include <spectral_cond/testing/checks.hpp>
+
+#include "../apps/spectral-cond/verify_sweep.hpp"
 
 #include "test_helpers.hpp"
 

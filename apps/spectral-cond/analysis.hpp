@@ -8,10 +8,10 @@
 #include "checkpoint_source.hpp"
 #include "device.hpp"
 
-#include <spectral_cond/bound.hpp>
-#include <spectral_cond/corrections.hpp>
-#include <spectral_cond/io/synthetic.hpp>
-#include <spectral_cond/kappa.hpp>
+#include <spectral_cond/conditioning/bound.hpp>
+#include <spectral_cond/conditioning/corrections.hpp>
+#include <spectral_cond/conditioning/kappa.hpp>
+#include "synthetic.hpp"
 
 #include <array>
 #include <chrono>
@@ -311,7 +311,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     tick(1);
 
     if (o.jacobian) {
-      if (X.size() == 0) X = io::synthetic_tokens(o.tokens, D, o.seed);
+      if (X.size() == 0) X = synthetic_tokens(o.tokens, D, o.seed);
       if (X.cols() != D)
         throw BadInput((o.inputs.empty() ? std::string("synthetic tokens") : o.inputs) +
                        ": X must be N x D with D = " + std::to_string(D) + " (layer " +

@@ -7,7 +7,7 @@
 // "spectral-cond: error: <message>", on stderr.
 #pragma once
 
-#include <spectral_cond/common.hpp>
+#include <spectral_cond/core/common.hpp>
 #include <spectral_cond/io/npy.hpp>
 
 #include <stdexcept>

@@ -20,7 +20,7 @@
 #include "commands.hpp"
 #include "progress.hpp"
 
-#include <spectral_cond/corrections.hpp>
+#include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 
 #include <sys/stat.h>

@@ -19,7 +19,7 @@
 #include "progress.hpp"
 
 #include <spectral_cond/io/safetensors.hpp>
-#include <spectral_cond/io/synthetic.hpp>
+#include "synthetic.hpp"
 
 #include <Eigen/QR>
 
@@ -46,7 +46,7 @@ struct DemoArgs {
 
 /// rows x cols standard normals times `scale`, from a seed derived from (seed, tag).
 Mat<double> gaussian(Index rows, Index cols, double scale, std::uint64_t seed, std::uint64_t tag) {
-  const std::vector<double> z = io::standard_normals(
+  const std::vector<double> z = standard_normals(
       seed * 1000003ULL + tag, static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
   Mat<double> m(rows, cols);
   for (Index i = 0; i < m.size(); ++i) m.data()[i] = scale * z[static_cast<std::size_t>(i)];

@@ -10,8 +10,8 @@
 #include "cli.hpp"
 #include "commands.hpp"
 
-#include <spectral_cond/gram.hpp>
-#include <spectral_cond/jacobian.hpp>
+#include <spectral_cond/jacobian/gram.hpp>
+#include <spectral_cond/jacobian/jacobian.hpp>
 
 #include <chrono>
 #include <cmath>

@@ -15,10 +15,10 @@
 #include "progress.hpp"
 #include "report_json.hpp"
 
-#include <spectral_cond/bound.hpp>
+#include <spectral_cond/conditioning/bound.hpp>
+#include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 #include <spectral_cond/io/atomic_file.hpp>
-#include <spectral_cond/jacobian_kappa.hpp>
-#include <spectral_cond/kappa.hpp>
 
 #include <cmath>
 #include <iomanip>

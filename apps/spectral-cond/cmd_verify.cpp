@@ -1,4 +1,4 @@
-// spectral-cond verify: the randomized verifier of include/spectral_cond/verify.hpp, printed.
+// spectral-cond verify: the randomized verifier of verify_sweep.hpp, printed.
 //
 //   spectral-cond verify [--seed S] [--instances-per-regime K] [--format table|json]
 //                        [--out FILE] [--dump DIR] [--max-listed M] [--quiet]
@@ -13,7 +13,7 @@
 
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/npy.hpp>
-#include <spectral_cond/verify.hpp>
+#include "verify_sweep.hpp"
 
 #include <sys/stat.h>
 

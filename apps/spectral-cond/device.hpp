@@ -7,8 +7,8 @@
 
 #include "cli.hpp"
 
-#include <spectral_cond/jacobian_kappa.hpp>
-#include <spectral_cond/kappa.hpp>
+#include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
 #ifdef SPECTRAL_COND_HAVE_CUDA
 #include <spectral_cond/cuda/api.hpp>

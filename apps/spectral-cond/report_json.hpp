@@ -6,8 +6,8 @@
 // keys.
 #pragma once
 
-#include <spectral_cond/bound.hpp>
-#include <spectral_cond/verify.hpp>
+#include <spectral_cond/conditioning/bound.hpp>
+#include "verify_sweep.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -16,12 +16,12 @@
 // std::runtime_error naming the call and its status); bad shapes throw std::invalid_argument.
 #pragma once
 
-#include "spectral_cond/attention.hpp"
-#include "spectral_cond/corrections.hpp"
-#include "spectral_cond/jacobian_kappa.hpp"
-#include "spectral_cond/kappa.hpp"
-#include "spectral_cond/multihead.hpp"
-#include "spectral_cond/qr_kappa.hpp"
+#include "spectral_cond/conditioning/corrections.hpp"
+#include "spectral_cond/conditioning/kappa.hpp"
+#include "spectral_cond/conditioning/methods/kappa_jacobian.hpp"
+#include "spectral_cond/conditioning/methods/qr.hpp"
+#include "spectral_cond/core/attention.hpp"
+#include "spectral_cond/core/multihead.hpp"
 
 #include <memory>
 #include <optional>

@@ -4,7 +4,7 @@
 // per shape and reused by every later call of the same or a smaller shape.
 #pragma once
 
-#include "spectral_cond/common.hpp"
+#include "spectral_cond/core/common.hpp"
 #include "spectral_cond/cuda/blas.cuh"
 
 #include <map>

@@ -5,9 +5,9 @@
 // path's own functions from jacobian_kappa.hpp and qr_kappa.hpp.
 #pragma once
 
-#include "spectral_cond/compressed.hpp"
 #include "spectral_cond/cuda/gram.cuh"
 #include "spectral_cond/cuda/lanczos.cuh"
+#include "spectral_cond/jacobian/compressed.hpp"
 
 namespace spectral_cond {
 namespace cuda {
@@ -72,8 +72,10 @@ inline ConditionResult<double> gram_route(DeviceContext& ctx, const DeviceBatch<
   } else {  // as the CPU: Lanczos for λ_max(G); Cholesky and Lanczos on G^{-1} for λ_min(G)
     res.method = std::string("gram (Lanczos and cuSOLVER Cholesky of ") + which + ")";
     DeviceOp op(ctx, G, n, OpKind::SymLower);
-    const double lmax =
-        spectral_cond::detail::lanczos_largest(op, n, jo, res.iterations, res.residual);
+    const LanczosOutcome big = spectral_cond::detail::lanczos_largest(op, jo.lanczos);
+    res.iterations += big.iterations;
+    res.residual = big.residual;
+    const double lmax = big.lambda;
     res.sigma_max = std::sqrt(std::max(0.0, lmax));
     const int lw = blas::potrf_lwork(ctx.solver(), n, G, n);
     double* work = ctx.buffer<double>("solver_work", static_cast<size_t>(std::max(lw, 1)));
@@ -91,8 +93,10 @@ inline ConditionResult<double> gram_route(DeviceContext& ctx, const DeviceBatch<
                  " failed: singular at working precision (kappa_plus needs method qr or dense)";
     } else {
       DeviceOp inv(ctx, G, n, OpKind::CholInverse);
-      const double linv =
-          spectral_cond::detail::lanczos_largest(inv, n, jo, res.iterations, res.residual);
+      const LanczosOutcome small = spectral_cond::detail::lanczos_largest(inv, jo.lanczos);
+      res.iterations += small.iterations;
+      res.residual = std::max(res.residual, small.residual);
+      const double linv = small.lambda;
       res.sigma_min = 1.0 / std::sqrt(linv);
       res.kappa = res.sigma_max / res.sigma_min;
       res.rank = std::min(rows, cols);

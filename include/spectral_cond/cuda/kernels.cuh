@@ -2,7 +2,7 @@
 // else is cuBLAS/cuSOLVER. Column-major storage: entry (i, j) of an m x n matrix at i + m j.
 #pragma once
 
-#include "spectral_cond/common.hpp"
+#include "spectral_cond/core/common.hpp"
 #include "spectral_cond/cuda/error.cuh"
 
 #include <algorithm>

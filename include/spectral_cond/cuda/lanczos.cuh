@@ -3,8 +3,8 @@
 // perform_op copies x to the device, applies cuBLAS level-2 products or solves, and copies back.
 #pragma once
 
+#include "spectral_cond/conditioning/methods/qr.hpp"
 #include "spectral_cond/cuda/context.cuh"
-#include "spectral_cond/qr_kappa.hpp"
 
 #include <Spectra/SymEigsSolver.h>
 
@@ -70,31 +70,6 @@ class DeviceOp {
   double* y_ = nullptr;
 };
 
-/// The largest eigenvalue by Spectra's Lanczos with the options and seeding of the CPU's
-/// detail::largest_eigenvalue (qr_kappa.hpp), for any operator.
-template <typename Op>
-spectral_cond::detail::LanczosOutcome largest_eigenvalue_op(Op& op, const QrKappaOptions& q,
-                                                            std::uint64_t seed) {
-  const Index n = op.rows();
-  Spectra::SymEigsSolver<Op> eigs(op, 1, std::min(q.ncv, n));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> dist;
-  Vec<double> v0(n);
-  for (Index i = 0; i < n; ++i) v0(i) = dist(rng);
-  eigs.init(v0.data());
-  eigs.compute(Spectra::SortRule::LargestAlge, q.max_restarts, q.tol);
-  spectral_cond::detail::LanczosOutcome out;
-  out.operations = eigs.num_operations();
-  out.converged = eigs.info() == Spectra::CompInfo::Successful;
-  if (!out.converged) return out;
-  out.lambda = eigs.eigenvalues()(0);
-  const Vec<double> v = eigs.eigenvectors().col(0);
-  Vec<double> y(n);
-  op.perform_op(v.data(), y.data());
-  out.residual = (y - out.lambda * v).norm() / (out.lambda * v.norm());
-  return out;
-}
-
 /// The device twin of the CPU's detail::condition_of_r (qr_kappa.hpp) for an R (k x k, upper,
 /// on the device) of order >= 64 with k = min(m_J, n_J): σ_max by Lanczos on R^T R, σ_min by
 /// Lanczos on (R^T R)^{-1}; the dense fallbacks of the CPU code copy R to the host.
@@ -110,9 +85,12 @@ inline ConditionResult<double> device_condition_of_r(DeviceContext& ctx, const d
   SC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   const bool singular_diag = (diag.array() == 0.0).any();
   DeviceOp gram(ctx, R, k, OpKind::TriGram), inverse_gram(ctx, R, k, OpKind::TriGramInverse);
-  const auto big = largest_eigenvalue_op(gram, q, q.seed);
-  spectral_cond::detail::LanczosOutcome small;
-  if (!singular_diag) small = largest_eigenvalue_op(inverse_gram, q, q.seed + 1);
+  // The CPU's one Lanczos helper (linalg/lanczos.hpp) on the device operators.
+  const LanczosOutcome big = spectral_cond::detail::lanczos_largest(gram, q.lanczos);
+  LanczosOutcome small;
+  LanczosOptions lo = q.lanczos;
+  lo.seed = q.lanczos.seed + 1;
+  if (!singular_diag) small = spectral_cond::detail::lanczos_largest(inverse_gram, lo);
   note << "; sigma_max by Lanczos on R^T R (" << big.operations << " products, cuBLAS trmv), "
        << "sigma_min by Lanczos on (R^T R)^{-1} (" << small.operations
        << " pairs of cuBLAS triangular solves, relative residual " << small.residual << ")";

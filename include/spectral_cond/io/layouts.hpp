@@ -5,14 +5,15 @@
 // |------------|-------------------------------------------------|--------------------------------|
 // | torch-mha  | …in_proj_weight                                 | 3D x D, rows Q, K, V (Linear)  |
 // | timm       | blocks.i.attn.qkv.weight                        | 3D x D, rows Q, K, V (Linear)  |
-// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each |
-// | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V |
-// | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer heads |
+// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each
+// | | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V
+// | | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer
+// heads |
 //
 // A Linear weight is out x in, so W = weight^T; GPT-2's Conv1D is already in x out.
 #pragma once
 
-#include "spectral_cond/common.hpp"
+#include "spectral_cond/core/common.hpp"
 #include "spectral_cond/io/error.hpp"
 
 #include <nlohmann/json.hpp>
@@ -32,20 +33,26 @@ enum class Layout { Auto, TorchMHA, Timm, HfBert, Gpt2, Llama };
 
 inline const char* to_string(Layout l) {
   switch (l) {
-    case Layout::Auto: return "auto";
-    case Layout::TorchMHA: return "torch-mha";
-    case Layout::Timm: return "timm";
-    case Layout::HfBert: return "hf-bert";
-    case Layout::Gpt2: return "gpt2";
-    case Layout::Llama: return "llama";
+    case Layout::Auto:
+      return "auto";
+    case Layout::TorchMHA:
+      return "torch-mha";
+    case Layout::Timm:
+      return "timm";
+    case Layout::HfBert:
+      return "hf-bert";
+    case Layout::Gpt2:
+      return "gpt2";
+    case Layout::Llama:
+      return "llama";
   }
   return "unknown";
 }
 
 /// Parses a --layout value; throws IoError listing the accepted names.
 inline Layout parse_layout(const std::string& s) {
-  for (Layout l : {Layout::Auto, Layout::TorchMHA, Layout::Timm, Layout::HfBert, Layout::Gpt2,
-                   Layout::Llama})
+  for (Layout l :
+       {Layout::Auto, Layout::TorchMHA, Layout::Timm, Layout::HfBert, Layout::Gpt2, Layout::Llama})
     if (s == to_string(l)) return l;
   throw IoError("--layout: unknown layout '" + s +
                 "' (expected auto, torch-mha, timm, hf-bert, gpt2 or llama)");
@@ -220,12 +227,18 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
 
   auto run = [&](Layout l) -> std::vector<AttentionLayerSpec> {
     switch (l) {
-      case Layout::Timm: return detail::match_fused(tensors, timm, false, file);
-      case Layout::TorchMHA: return detail::match_fused(tensors, mha, false, file);
-      case Layout::Gpt2: return detail::match_fused(tensors, gpt2, true, file);
-      case Layout::HfBert: return detail::match_separate(tensors, bert, bert_names, file);
-      case Layout::Llama: return detail::match_separate(tensors, llama, llama_names, file);
-      case Layout::Auto: break;
+      case Layout::Timm:
+        return detail::match_fused(tensors, timm, false, file);
+      case Layout::TorchMHA:
+        return detail::match_fused(tensors, mha, false, file);
+      case Layout::Gpt2:
+        return detail::match_fused(tensors, gpt2, true, file);
+      case Layout::HfBert:
+        return detail::match_separate(tensors, bert, bert_names, file);
+      case Layout::Llama:
+        return detail::match_separate(tensors, llama, llama_names, file);
+      case Layout::Auto:
+        break;
     }
     return {};
   };
@@ -235,8 +248,7 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
     result.layers = run(requested);
   } else {
     std::vector<std::string> found;
-    for (Layout l : {Layout::Timm, Layout::Gpt2, Layout::HfBert, Layout::Llama,
-                     Layout::TorchMHA}) {
+    for (Layout l : {Layout::Timm, Layout::Gpt2, Layout::HfBert, Layout::Llama, Layout::TorchMHA}) {
       auto layers = run(l);
       if (layers.empty()) continue;
       found.push_back(to_string(l));
@@ -246,18 +258,17 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
       }
     }
     if (found.size() > 1)
-      throw IoError(file + ": tensor names match several layouts (" + found[0] + ", " +
-                    found[1] + "); choose one with --layout");
+      throw IoError(file + ": tensor names match several layouts (" + found[0] + ", " + found[1] +
+                    "); choose one with --layout");
   }
   if (result.layers.empty())
     throw IoError(file + ": no attention layers found" +
                   (requested == Layout::Auto ? std::string(" (looked for the torch-mha, timm, "
                                                            "hf-bert, gpt2 and llama layouts)")
                                              : std::string(" in layout ") + to_string(requested)));
-  std::stable_sort(result.layers.begin(), result.layers.end(),
-                   [](const AttentionLayerSpec& a, const AttentionLayerSpec& b) {
-                     return a.index < b.index;
-                   });
+  std::stable_sort(
+      result.layers.begin(), result.layers.end(),
+      [](const AttentionLayerSpec& a, const AttentionLayerSpec& b) { return a.index < b.index; });
   return result;
 }
 
@@ -308,8 +319,9 @@ struct LayerHeads {
 inline LayerHeads resolve_heads(const AttentionLayerSpec& L, const HeadConfig& c,
                                 const std::string& file) {
   if (c.heads < 1)
-    throw IoError(file + ": the number of heads is unknown; pass --heads (and --kv-heads for "
-                         "grouped-query models) or put a config.json beside the checkpoint");
+    throw IoError(file +
+                  ": the number of heads is unknown; pass --heads (and --kv-heads for "
+                  "grouped-query models) or put a config.json beside the checkpoint");
   if (c.hidden > 0 && c.hidden != L.D)
     throw IoError(file + ": " + c.source + " says hidden size " + std::to_string(c.hidden) +
                   " but tensor " + L.q.tensor + " has D = " + std::to_string(L.D));
@@ -324,12 +336,12 @@ inline LayerHeads resolve_heads(const AttentionLayerSpec& L, const HeadConfig& c
     bad("heads = " + std::to_string(h.heads) + " does not divide the width " +
         std::to_string(L.q.width) + " of W_Q in " + L.q.tensor);
   if (h.heads % h.kv_heads != 0)
-    bad("kv_heads = " + std::to_string(h.kv_heads) + " does not divide heads = " +
-        std::to_string(h.heads));
+    bad("kv_heads = " + std::to_string(h.kv_heads) +
+        " does not divide heads = " + std::to_string(h.heads));
   h.d_k = L.q.width / h.heads;
   if (L.k.width != h.kv_heads * h.d_k)
-    bad("W_K in " + L.k.tensor + " has width " + std::to_string(L.k.width) + ", expected kv_heads x d_k = " +
-        std::to_string(h.kv_heads * h.d_k));
+    bad("W_K in " + L.k.tensor + " has width " + std::to_string(L.k.width) +
+        ", expected kv_heads x d_k = " + std::to_string(h.kv_heads * h.d_k));
   if (L.v.width % h.kv_heads != 0)
     bad("kv_heads = " + std::to_string(h.kv_heads) + " does not divide the width " +
         std::to_string(L.v.width) + " of W_V in " + L.v.tensor);

@@ -18,7 +18,7 @@
 // 1.0 header padded to a multiple of 64 bytes, atomically (atomic_file.hpp).
 #pragma once
 
-#include "spectral_cond/common.hpp"
+#include "spectral_cond/core/common.hpp"
 #include "spectral_cond/io/atomic_file.hpp"
 #include "spectral_cond/io/error.hpp"
 #include "spectral_cond/io/float16.hpp"

@@ -9,7 +9,7 @@
 // tensor).
 #pragma once
 
-#include <spectral_cond/common.hpp>
+#include <spectral_cond/core/common.hpp>
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/float16.hpp>

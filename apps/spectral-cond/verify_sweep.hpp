@@ -1,0 +1,426 @@
+// spectral-cond verify's engine: a randomized sweep of the paper's statements over regimes
+// (MATH.md §4–7), each instance checked against a dense SVD. It is the tool's experiment
+// harness; the single checks it applies are the library's (spectral_cond/testing/checks.hpp).
+//
+//   proven (a failure is a bug in the library or in MATH.md): Theorem 3.5 (both forms), the
+//     Weyl bound behind Theorem 3.8, the Kronecker and concatenation lemmas, on random
+//     matrices and on the instance's own J = [J_Q | J_K | J_V];
+//   open (a violation is a finding, reported, not a failure): Theorem 3.4 with kappa and with
+//     kappa_plus (conditioning/bound.hpp, MATH.md §5).
+//
+// Regimes: shape class (N < D, N = D, N > D) x logit scale c (1, 1/sqrt(d_k)) x weight scale
+// (0.02, 1/sqrt(D), 1) x mask (none, causal) x λ (the weights become W + λ I_k before
+// Theorem 3.4 is evaluated). Every instance has its own seed, derived from the sweep's seed, and
+// make_verify_instance(regime, shape, seed) rebuilds it exactly, with any compiler (the portable
+// generator of core/random.hpp, MATH.md §16).
+#pragma once
+
+#include <spectral_cond/conditioning/bound.hpp>
+#include <spectral_cond/core/random.hpp>
+#include <spectral_cond/testing/checks.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace spectral_cond {
+
+/// Shape class of an instance: N < D ("wide" X), N = D, N > D ("tall" X).
+enum class ShapeClass { Wide, Square, Tall };
+/// The logit scale c: 1 (the paper's theory) or 1/sqrt(d_k) (practice).
+enum class LogitScale { One, InvSqrtDk };
+/// The weights' entry scale: N(0, s^2) with s = 0.02 (GPT/BERT init), 1/sqrt(D), or 1.
+enum class WeightScale { Small, InvSqrtD, One };
+
+inline const char* to_string(ShapeClass s) {
+  return s == ShapeClass::Wide ? "N<D" : s == ShapeClass::Square ? "N=D" : "N>D";
+}
+inline const char* to_string(LogitScale c) {
+  return c == LogitScale::One ? "1" : "1/sqrt(d_k)";
+}
+inline const char* to_string(WeightScale w) {
+  return w == WeightScale::Small ? "0.02" : w == WeightScale::InvSqrtD ? "1/sqrt(D)" : "1";
+}
+
+/// Sizes of one instance: X is N x D, W_Q and W_K are D x d_k, W_V is D x d_v.
+struct VerifyShape {
+  Index N = 0, D = 0, d_k = 0, d_v = 0;
+  ShapeClass shape_class() const {
+    return N < D ? ShapeClass::Wide : N == D ? ShapeClass::Square : ShapeClass::Tall;
+  }
+};
+
+/// The default shapes: two per class, small enough that dense kappa(J) is the reference. The
+/// last one has a tall J (N d_v > 2 D d_k + D d_v), where the gauge null space makes
+/// kappa(J) = +inf (MATH.md §4).
+inline std::vector<VerifyShape> default_verify_shapes() {
+  return {{4, 8, 4, 4}, {3, 7, 2, 2}, {6, 6, 3, 3}, {4, 4, 4, 4}, {8, 4, 2, 2}, {16, 4, 2, 2}};
+}
+
+/// One regime of the sweep.
+struct VerifyRegime {
+  ShapeClass shape = ShapeClass::Wide;
+  LogitScale c = LogitScale::One;
+  WeightScale weights = WeightScale::InvSqrtD;
+  MaskKind mask = MaskKind::None;
+  double lambda = 0;  ///< W_Q, W_K, W_V become W + λ I_k
+};
+
+/// Options of verify_sweep. Every list must be non-empty.
+struct VerifyOptions {
+  std::uint64_t seed = default_seed;  ///< the sweep's seed; instance seeds derive from it
+  Index instances_per_regime = 16;  ///< instance k of a regime uses shape k mod (its class's count)
+  std::vector<VerifyShape> shapes = default_verify_shapes();  ///< all dimensions >= 1
+  std::vector<LogitScale> logit_scales = {LogitScale::One, LogitScale::InvSqrtDk};
+  std::vector<WeightScale> weight_scales = {WeightScale::Small, WeightScale::InvSqrtD,
+                                            WeightScale::One};
+  std::vector<MaskKind> masks = {MaskKind::None, MaskKind::Causal};  ///< None or Causal
+  std::vector<double> lambdas = {0, 1, 2, 10};                       ///< each finite, >= 0
+  double target = 1.5;                   ///< t of Theorem 3.5's target form (> 1)
+  double rel_tol = 1e-12;                ///< relative tolerance of the proven equalities
+  std::function<void(double)> progress;  ///< fraction of instances done; may be empty
+
+  void check(const char* fn) const {
+    if (instances_per_regime < 1) detail::fail(fn, "instances_per_regime must be >= 1");
+    if (shapes.empty() || logit_scales.empty() || weight_scales.empty() || masks.empty() ||
+        lambdas.empty())
+      detail::fail(fn, "shapes, logit_scales, weight_scales, masks and lambdas must be non-empty");
+    for (const VerifyShape& s : shapes)
+      if (s.N < 1 || s.D < 1 || s.d_k < 1 || s.d_v < 1)
+        detail::fail(fn, "every shape needs N, D, d_k, d_v >= 1");
+    for (MaskKind m : masks)
+      if (m == MaskKind::Additive) detail::fail(fn, "masks must be None or Causal");
+    for (double l : lambdas)
+      if (!(std::isfinite(l) && l >= 0)) detail::fail(fn, "every lambda must be finite and >= 0");
+    if (!(std::isfinite(target) && target > 1)) detail::fail(fn, "target must be > 1");
+    if (!(rel_tol > 0)) detail::fail(fn, "rel_tol must be > 0");
+  }
+};
+
+/// One random instance, rebuilt exactly from (regime, shape, seed) by make_verify_instance.
+struct VerifyInstance {
+  VerifyRegime regime;
+  VerifyShape shape;
+  std::uint64_t seed = 0;
+  double c = 1;                     ///< the logit scale used
+  double weight_scale = 1;          ///< the standard deviation of the weights' entries
+  Mat<double> X;                    ///< N x D, entries N(0, 1)
+  Mat<double> W_Q, W_K, W_V;        ///< raw weights, entries N(0, weight_scale^2)
+  Mat<double> A, B;                 ///< Kronecker lemma: small, same orientation, N(0, 1)
+  std::vector<Mat<double>> blocks;  ///< concatenation lemma: 2-3 wide N(0, 1) blocks
+  /// W + λ I_k: what Theorem 3.4 sees.
+  Mat<double> corrected(const Mat<double>& W) const {
+    return W + regime.lambda * rectangular_identity<double>(W.rows(), W.cols());
+  }
+};
+
+/// Counts of one statement's checks.
+struct CheckCounts {
+  Index held = 0, violated = 0, not_applicable = 0;
+  void add(CheckStatus s) {
+    (s == CheckStatus::Held ? held : s == CheckStatus::Violated ? violated : not_applicable)++;
+  }
+  Index total() const { return held + violated + not_applicable; }
+};
+
+/// Theorem 3.4 in one regime.
+struct RegimeStats {
+  VerifyRegime regime;
+  Index instances = 0;
+  Index held = 0, violated = 0;  ///< with kappa: kappa(J) <= bound
+  Index vacuous = 0;             ///< bound = +inf (𝚲 is singular: always)
+  /// With kappa_plus, classified by classify_theorem34_plus: held, violated, or inconclusive
+  /// (the two sides are within the rounding error of the kappa_plus values they are built from).
+  Index held_plus = 0, violated_plus = 0, inconclusive_plus = 0;
+  Index kappa_J_infinite = 0;                                     ///< kappa(J) = +inf (J singular)
+  double worst_ratio = std::numeric_limits<double>::quiet_NaN();  ///< min bound / kappa(J)
+  /// min and max of bound_plus / kappa_plus(J) over the conclusive (held or violated) instances
+  double worst_ratio_plus = std::numeric_limits<double>::quiet_NaN();
+  double max_ratio_plus = std::numeric_limits<double>::quiet_NaN();
+  Index proven_failures = 0;  ///< failed proven checks on this regime's instances
+};
+
+/// One failed check, with everything needed to rebuild its instance.
+struct VerifyViolation {
+  std::string statement;  ///< theorem34, theorem34_plus, theorem35, theorem35_target, weyl,
+                          ///< kronecker, concatenation, concatenation_J
+  bool proven = false;    ///< true: a proven statement failed (a bug)
+  VerifyRegime regime;
+  VerifyShape shape;
+  std::uint64_t seed = 0;
+  double c = 1, weight_scale = 1;
+  std::string matrix;  ///< the matrix checked (W_Q, ...), when it matters
+  double lhs = 0, rhs = 0;
+  std::string detail;
+};
+
+/// The sweep's results.
+struct VerifyReport {
+  std::uint64_t seed = 0;
+  Index instances_per_regime = 0;
+  Index instances = 0;
+  std::vector<RegimeStats> regimes;
+  CheckCounts theorem35, theorem35_target, weyl, kronecker, concatenation, concatenation_J;
+  std::vector<VerifyViolation> violations;
+
+  /// Every proven statement held wherever its hypothesis was met.
+  bool proven_ok() const {
+    return theorem35.violated + theorem35_target.violated + weyl.violated + kronecker.violated +
+               concatenation.violated + concatenation_J.violated ==
+           0;
+  }
+};
+
+/// Theorem 3.4 with kappa_plus on one instance, judged against rounding.
+enum class BoundVerdict { Held, Violated, Inconclusive };
+
+inline const char* to_string(BoundVerdict v) {
+  return v == BoundVerdict::Held       ? "held"
+         : v == BoundVerdict::Violated ? "violated"
+                                       : "inconclusive";
+}
+
+struct BoundClassification {
+  BoundVerdict verdict = BoundVerdict::Inconclusive;
+  double ratio = 0;      ///< bound_plus / kappa_plus(J)
+  double acc_J = 0;      ///< estimated relative error of kappa_plus(J)
+  double acc_bound = 0;  ///< estimated relative error of bound_plus
+};
+
+/// Classifies kappa_plus(J) <= bound_plus for inputs of the given sizes. A dense SVD computes
+/// every σ_i to an absolute error of about max(m, n) ε σ_1, so kappa_plus(M) = σ_1 / σ_rank
+/// has a relative error of about a(M) = safety · max(m, n) ε kappa_plus(M); the bound's is at
+/// most 3 a(X) + a(𝚲) + a(W_V) + a(W_Q) + a(W_K) + a(P) (first order). `safety` (default 10)
+/// covers the estimate's unsharp constants and the rounding of J's own assembly (a saturated
+/// softmax makes J's small entries differences of nearly equal terms). Held when
+/// kappa_plus(J) (1 + a(J)) <= bound_plus (1 - a(bound)), violated when
+/// kappa_plus(J) (1 - a(J)) > bound_plus (1 + a(bound)), inconclusive otherwise (or when a
+/// kappa_plus is undefined or an error estimate reaches 1). Theorem34Report::holds_plus is not
+/// used: it discounts by the accuracy of plain kappa(J), which is +inf whenever J is singular
+/// (a tall J always is), and so never reports a violation there.
+inline BoundClassification classify_theorem34_plus(const Theorem34Report& t, const VerifyShape& s,
+                                                   double safety = 10) {
+  const double eps = safety * ScalarTraits<double>::eps();
+  auto acc = [eps](const ConditionResult<double>& r, Index m, Index n) {
+    return static_cast<double>(std::max(m, n)) * eps * r.kappa_plus;
+  };
+  BoundClassification c;
+  const Index rows = jacobian_rows(s.N, s.d_v);
+  const Index cols = jacobian_cols(JacobianBlock::All, s.N, s.D, s.d_k, s.d_v);
+  c.acc_J = acc(t.J, rows, cols);
+  c.acc_bound = 3 * acc(t.X, s.N, s.D) + acc(t.Lambda, s.N * s.N, s.N * s.N) +
+                acc(t.WV, s.D, s.d_v) + acc(t.WQ, s.D, s.d_k) + acc(t.WK, s.D, s.d_k) +
+                acc(t.P, s.N, s.N);
+  c.ratio = t.bound_plus / t.J.kappa_plus;
+  if (!(std::isfinite(c.ratio) && c.acc_J < 1 && c.acc_bound < 1)) return c;
+  if (t.J.kappa_plus * (1 + c.acc_J) <= t.bound_plus * (1 - c.acc_bound))
+    c.verdict = BoundVerdict::Held;
+  else if (t.J.kappa_plus * (1 - c.acc_J) > t.bound_plus * (1 + c.acc_bound))
+    c.verdict = BoundVerdict::Violated;
+  return c;
+}
+
+namespace detail {
+
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace detail
+
+/// The seed of instance k of regime number r (its index in verify_sweep's order).
+inline std::uint64_t verify_instance_seed(std::uint64_t seed, Index regime, Index k) {
+  return detail::splitmix64(
+      detail::splitmix64(seed ^ detail::splitmix64(static_cast<std::uint64_t>(regime))) +
+      static_cast<std::uint64_t>(k));
+}
+
+/// Builds one instance from its regime, shape and seed (deterministic).
+inline VerifyInstance make_verify_instance(const VerifyRegime& regime, const VerifyShape& shape,
+                                           std::uint64_t seed) {
+  VerifyInstance in;
+  in.regime = regime;
+  in.shape = shape;
+  in.seed = seed;
+  in.c = regime.c == LogitScale::One ? 1.0 : 1.0 / std::sqrt(static_cast<double>(shape.d_k));
+  in.weight_scale = regime.weights == WeightScale::Small      ? 0.02
+                    : regime.weights == WeightScale::InvSqrtD ? 1 / std::sqrt(double(shape.D))
+                                                              : 1.0;
+  Rng rng(seed);
+  in.X = rng.normal_matrix(shape.N, shape.D, 1.0);
+  in.W_Q = rng.normal_matrix(shape.D, shape.d_k, in.weight_scale);
+  in.W_K = rng.normal_matrix(shape.D, shape.d_k, in.weight_scale);
+  in.W_V = rng.normal_matrix(shape.D, shape.d_v, in.weight_scale);
+  // Kronecker factors: both wide or both tall (each side 1..4).
+  const bool wide = rng.integer(0, 1) == 0;
+  for (Mat<double>* f : {&in.A, &in.B}) {
+    const Index small = rng.integer(1, 3);
+    const Index large = small + rng.integer(0, 2);
+    *f = wide ? rng.normal_matrix(small, large, 1.0) : rng.normal_matrix(large, small, 1.0);
+  }
+  // Concatenation: 2-3 blocks with m rows and m..m+2 columns (full row rank almost surely).
+  const Index m = rng.integer(1, 4), count = rng.integer(2, 3);
+  for (Index i = 0; i < count; ++i)
+    in.blocks.push_back(rng.normal_matrix(m, m + rng.integer(0, 2), 1.0));
+  return in;
+}
+
+namespace detail {
+
+inline void record(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
+                   const std::string& statement, bool proven, const std::string& matrix,
+                   const CheckResult& r) {
+  if (proven) ++st.proven_failures;
+  VerifyViolation v;
+  v.statement = statement;
+  v.proven = proven;
+  v.regime = in.regime;
+  v.shape = in.shape;
+  v.seed = in.seed;
+  v.c = in.c;
+  v.weight_scale = in.weight_scale;
+  v.matrix = matrix;
+  v.lhs = r.lhs;
+  v.rhs = r.rhs;
+  v.detail = r.detail;
+  rep.violations.push_back(v);
+}
+
+inline void count_check(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
+                        CheckCounts& counts, const std::string& statement,
+                        const std::string& matrix, const CheckResult& r) {
+  counts.add(r.status);
+  if (r.status == CheckStatus::Violated) record(rep, st, in, statement, true, matrix, r);
+}
+
+inline double min_ignoring_nan(double a, double b) {
+  return std::isnan(a) ? b : std::isnan(b) ? a : std::min(a, b);
+}
+inline double max_ignoring_nan(double a, double b) {
+  return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
+}
+
+/// Every check on one instance.
+inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, VerifyReport& rep,
+                            RegimeStats& st) {
+  const Mat<double> WQ = in.corrected(in.W_Q), WK = in.corrected(in.W_K), WV = in.corrected(in.W_V);
+  const std::pair<const char*, const Mat<double>*> weights[] = {
+      {"W_Q", &in.W_Q}, {"W_K", &in.W_K}, {"W_V", &in.W_V}};
+  const std::pair<const char*, const Mat<double>*> corrected[] = {
+      {"W_Q + lambda I_k", &WQ}, {"W_K + lambda I_k", &WK}, {"W_V + lambda I_k", &WV}};
+  for (const auto& w : corrected) {
+    count_check(rep, st, in, rep.theorem35, "theorem35", w.first,
+                check_exact_correction(*w.second, o.rel_tol));
+    count_check(rep, st, in, rep.theorem35_target, "theorem35_target", w.first,
+                check_exact_correction_target(*w.second, o.target, o.rel_tol));
+  }
+  for (const auto& w : weights)
+    count_check(rep, st, in, rep.weyl, "weyl", w.first,
+                check_weyl(*w.second, in.regime.lambda, o.rel_tol));
+  count_check(rep, st, in, rep.kronecker, "kronecker", "A (x) B",
+              check_kronecker(in.A, in.B, o.rel_tol));
+  count_check(rep, st, in, rep.concatenation, "concatenation", "[A_1 | ...]",
+              check_concatenation(in.blocks));
+
+  AttentionOptions<double> ao;
+  ao.scale = in.c;
+  ao.mask = in.regime.mask;
+  std::vector<Mat<double>> jblocks;
+  for (JacobianBlock b : {JacobianBlock::Q, JacobianBlock::K, JacobianBlock::V})
+    jblocks.push_back(attention_jacobian(in.X, WQ, WK, WV, ao, b));
+  count_check(rep, st, in, rep.concatenation_J, "concatenation_J", "[J_Q | J_K | J_V]",
+              check_concatenation(jblocks));
+
+  BoundOptions bo;
+  bo.jacobian.method = JacobianKappaMethod::Dense;
+  bo.blocks = false;
+  const Theorem34Report t = theorem34(in.X, WQ, WK, WV, ao, bo);
+  ++st.instances;
+  (t.holds ? st.held : st.violated)++;
+  if (t.vacuous) ++st.vacuous;
+  if (std::isinf(t.J.kappa)) ++st.kappa_J_infinite;
+  st.worst_ratio = min_ignoring_nan(st.worst_ratio, t.ratio);
+  const BoundClassification bc = classify_theorem34_plus(t, in.shape);
+  switch (bc.verdict) {
+    case BoundVerdict::Held:
+      ++st.held_plus;
+      break;
+    case BoundVerdict::Violated:
+      ++st.violated_plus;
+      break;
+    case BoundVerdict::Inconclusive:
+      ++st.inconclusive_plus;
+      break;
+  }
+  if (bc.verdict != BoundVerdict::Inconclusive) {
+    st.worst_ratio_plus = min_ignoring_nan(st.worst_ratio_plus, bc.ratio);
+    st.max_ratio_plus = max_ignoring_nan(st.max_ratio_plus, bc.ratio);
+  }
+  if (!t.holds)
+    record(rep, st, in, "theorem34", false, "J",
+           check_result(CheckStatus::Violated, t.J.kappa, t.bound, "kappa(J) against the bound"));
+  if (bc.verdict == BoundVerdict::Violated) {
+    std::ostringstream d;
+    d.precision(6);
+    d << "kappa_plus(J) = " << t.J.kappa_plus << " (rank " << t.J.rank << ") > bound_plus "
+      << t.bound_plus << ", ratio " << bc.ratio << " (relative errors: J " << bc.acc_J << ", bound "
+      << bc.acc_bound << "); kappa_plus of X " << t.X.kappa_plus << ", Lambda "
+      << t.Lambda.kappa_plus << ", W_Q " << t.WQ.kappa_plus << ", W_K " << t.WK.kappa_plus
+      << ", W_V " << t.WV.kappa_plus << ", P " << t.P.kappa_plus;
+    record(rep, st, in, "theorem34_plus", false, "J",
+           {CheckStatus::Violated, t.J.kappa_plus, t.bound_plus, d.str()});
+  }
+}
+
+}  // namespace detail
+
+/// The regimes of a sweep, in the order verify_sweep visits them: shape class (those present
+/// in opts.shapes), c, weight scale, mask, λ.
+inline std::vector<VerifyRegime> verify_regimes(const VerifyOptions& o) {
+  std::vector<VerifyRegime> out;
+  for (ShapeClass sc : {ShapeClass::Wide, ShapeClass::Square, ShapeClass::Tall}) {
+    if (std::none_of(o.shapes.begin(), o.shapes.end(),
+                     [sc](const VerifyShape& s) { return s.shape_class() == sc; }))
+      continue;
+    for (LogitScale c : o.logit_scales)
+      for (WeightScale w : o.weight_scales)
+        for (MaskKind m : o.masks)
+          for (double l : o.lambdas) out.push_back({sc, c, w, m, l});
+  }
+  return out;
+}
+
+/// Runs the sweep (see the top of this header). Deterministic for given options. Throws
+/// std::invalid_argument for invalid options; every numerical outcome is in the report.
+inline VerifyReport verify_sweep(const VerifyOptions& o) {
+  o.check("verify_sweep");
+  VerifyReport rep;
+  rep.seed = o.seed;
+  rep.instances_per_regime = o.instances_per_regime;
+  const std::vector<VerifyRegime> regimes = verify_regimes(o);
+  const Index total = static_cast<Index>(regimes.size()) * o.instances_per_regime;
+  for (size_t r = 0; r < regimes.size(); ++r) {
+    RegimeStats st;
+    st.regime = regimes[r];
+    std::vector<VerifyShape> shapes;
+    for (const VerifyShape& s : o.shapes)
+      if (s.shape_class() == regimes[r].shape) shapes.push_back(s);
+    for (Index k = 0; k < o.instances_per_regime; ++k) {
+      const VerifyShape& shape = shapes[static_cast<size_t>(k) % shapes.size()];
+      const VerifyInstance in = make_verify_instance(
+          regimes[r], shape, verify_instance_seed(o.seed, static_cast<Index>(r), k));
+      detail::verify_instance(in, o, rep, st);
+      ++rep.instances;
+      if (o.progress) o.progress(static_cast<double>(rep.instances) / static_cast<double>(total));
+    }
+    rep.regimes.push_back(st);
+  }
+  return rep;
+}
+
+}  // namespace spectral_cond

@@ -1,0 +1,167 @@
+// spectral_cond: what every κ(J) method shares (MATH.md §12): the inputs converted to double once,
+// the input checks, the rank tolerance, and the reading of Gram eigenvalues with the limits of a
+// method that squares J.
+#pragma once
+
+#include "spectral_cond/conditioning/kappa.hpp"
+#include "spectral_cond/conditioning/methods/options.hpp"
+#include "spectral_cond/jacobian/jacobian.hpp"
+#include "spectral_cond/jacobian/operators.hpp"
+
+#include <optional>
+#include <string>
+
+namespace spectral_cond {
+
+namespace detail {
+
+struct KJInputs {
+  Mat<double> X, WQ, WK, WV;
+  AttentionOptions<double> opts;
+  Index rows = 0, cols = 0;
+  bool wide() const { return rows <= cols; }
+};
+
+template <typename Scalar>
+KJInputs kj_inputs(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                   const CRef<Scalar>& WV, const AttentionOptions<Scalar>& o) {
+  KJInputs in;
+  in.X = X.template cast<double>();
+  in.WQ = WQ.template cast<double>();
+  in.WK = WK.template cast<double>();
+  in.WV = WV.template cast<double>();
+  in.opts.scale = static_cast<double>(o.resolved_scale(WQ.cols()));
+  in.opts.mask = o.mask;
+  if (o.mask == MaskKind::Additive) in.opts.additive_mask = o.additive_mask.template cast<double>();
+  in.rows = jacobian_rows(X.rows(), WV.cols());
+  in.cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
+  return in;
+}
+
+inline KappaOptions<double> kappa_opts(const JacobianKappaOptions& jo) {
+  KappaOptions<double> k;
+  k.rtol = jo.rtol;
+  return k;
+}
+
+/// Singular values from the eigenvalues of a Gram matrix (ascending, as Eigen returns them),
+/// with the squared method's limits applied: values below sqrt(n ε) σ_1 are indistinguishable
+/// from zero, so the rank tolerance is at least that.
+template <typename = void>
+inline ConditionResult<double> condition_from_gram_eigenvalues(const Vec<double>& lambda_asc,
+                                                               Index m, Index n,
+                                                               const JacobianKappaOptions& jo,
+                                                               const std::string& method) {
+  const Index r = std::min(m, n), g = lambda_asc.size();
+  Vec<double> sv(r);
+  for (Index i = 0; i < r; ++i) sv(i) = std::sqrt(std::max(0.0, lambda_asc(g - 1 - i)));
+  KappaOptions<double> ko = kappa_opts(jo);
+  const double floor = std::sqrt(static_cast<double>(g) * ScalarTraits<double>::eps());
+  ko.rtol = std::max(ko.resolved_rtol(m, n), floor);
+  ConditionResult<double> res = condition_from_singular_values<double>(sv, m, n, ko, method);
+  return res;
+}
+
+/// Fills accuracy = ε κ^2 for the squared methods, and flags a meaningless answer.
+inline void squared_accuracy(ConditionResult<double>& res, const JacobianKappaOptions& jo) {
+  if (res.info == Info::InvalidInput) return;
+  const double eps = ScalarTraits<double>::eps();
+  const double k = std::isfinite(res.kappa) ? res.kappa : res.kappa_plus;
+  res.accuracy = std::isfinite(k) ? eps * k * k : ScalarTraits<double>::inf();
+  std::ostringstream s;
+  s << "squares J: sigma_min has relative error about eps*kappa^2 = " << res.accuracy;
+  if (res.accuracy >= 1) {
+    if (res.info == Info::Success) res.info = Info::Inaccurate;
+    s << " >= 1, so sigma_min and kappa are meaningless here; use method qr";
+  } else if (res.accuracy > jo.tol) {
+    s << ", above the requested tol " << jo.tol << "; method qr is accurate to eps*kappa";
+  }
+  res.note = res.note.empty() ? s.str() : s.str() + "; " + res.note;
+}
+
+/// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
+/// an InvalidInput result (with `method`) for NaN or Inf input, else empty.
+template <typename Scalar>
+std::optional<ConditionResult<double>> check_kj_inputs(
+    const char* fn, const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+    const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts, const JacobianKappaOptions& jo,
+    const char* method) {
+  jo.check(fn);
+  check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  opts.check(fn, X.rows());
+  if (X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite()) return std::nullopt;
+  auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
+  bad.method = method;
+  return bad;
+}
+
+inline AttentionOptions<double> to_double(const AttentionOptions<double>& o) {
+  return o;
+}
+template <typename Scalar>
+AttentionOptions<double> to_double(const AttentionOptions<Scalar>& o) {
+  AttentionOptions<double> d;
+  if (o.scale) d.scale = static_cast<double>(*o.scale);
+  d.mask = o.mask;
+  d.additive_mask = o.additive_mask.template cast<double>();
+  return d;
+}
+
+/// A lower bound on σ_max(J) by `iterations` steps of the power method on J J^T (one JVP and one
+/// VJP each, matrix-free) from a seeded start: ||J^T x|| for a unit x never exceeds σ_max.
+template <typename = void>
+inline double sigma_max_lower_bound(const KJInputs& in, Index iterations, std::uint64_t seed) {
+  const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All,
+                                   "sigma_max_lower_bound");
+  Rng rng(seed);
+  Vec<double> x(J.rows()), y(J.cols());
+  for (Index i = 0; i < x.size(); ++i) x(i) = rng.normal();
+  double best = 0;
+  for (Index it = 0; it < iterations; ++it) {
+    const double nx = x.norm();
+    if (!(nx > 0) || !std::isfinite(nx)) break;
+    x /= nx;
+    J.apply_transpose(x.data(), y.data());
+    best = std::max(best, y.norm());
+    J.apply(y.data(), x.data());
+  }
+  return best;
+}
+
+/// Every κ(J) result is checked before it leaves the library (MATH.md §12): a success must have
+/// σ_max >= σ_min >= 0, finite, κ >= 1 (up to its stated accuracy), and a σ_max that is not
+/// below the matrix-free power-method bound on σ_max(J) (by more than rounding). A result that
+/// fails is declined: Info::Inaccurate with NaN numbers and a note that says which check failed.
+template <typename = void>
+inline ConditionResult<double> validated(const KJInputs& in, ConditionResult<double> res,
+                                         const JacobianKappaOptions& jo) {
+  if (res.info != Info::Success && res.info != Info::Singular) return res;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::ostringstream why;
+  const double eps = ScalarTraits<double>::eps();
+  if (!(std::isfinite(res.sigma_max) && res.sigma_max >= 0))
+    why << "sigma_max = " << res.sigma_max << " is not a finite nonnegative number";
+  else if (res.info == Info::Success &&
+           !(std::isfinite(res.sigma_min) && res.sigma_min > 0 && res.sigma_min <= res.sigma_max))
+    why << "sigma_min = " << res.sigma_min << " is not in (0, sigma_max = " << res.sigma_max << "]";
+  else if (res.info == Info::Success && !(res.kappa >= 1))
+    why << "kappa = " << res.kappa << " < 1";
+  if (why.str().empty()) {
+    const double lower = sigma_max_lower_bound(in, 8, jo.lanczos.seed + 7);
+    const double slack = 64 * eps * static_cast<double>(std::max(in.rows, in.cols));
+    if (res.sigma_max < lower * (1 - slack))
+      why << "sigma_max = " << res.sigma_max << " is below the power-method bound " << lower
+          << " on sigma_max(J)";
+  }
+  if (why.str().empty()) return res;
+  ConditionResult<double> bad = res;
+  bad.sigma_max = bad.sigma_min = bad.kappa = bad.sigma_min_plus = bad.kappa_plus = nan;
+  bad.accuracy = nan;
+  bad.rank = -1;
+  bad.info = Info::Inaccurate;
+  bad.note = "declined: the result failed validation (" + why.str() + "); " + res.note;
+  return bad;
+}
+
+}  // namespace detail
+}  // namespace spectral_cond

@@ -1,0 +1,112 @@
+// spectral_cond: κ(J) from the eigenvalues of the structured Gram matrix J J^T (or J^T J when J is
+// tall), never forming J (MATH.md §3, §12). It squares J: σ_min has a relative error of about
+// ε κ(J)^2, and singular values below about sqrt(n ε) σ_1 cannot be told from zero.
+#pragma once
+
+#include "spectral_cond/conditioning/methods/common.hpp"
+#include "spectral_cond/jacobian/gram.hpp"
+#include "spectral_cond/linalg/cholesky.hpp"
+#include "spectral_cond/linalg/eigen.hpp"
+#include "spectral_cond/linalg/lanczos.hpp"
+
+#include <Spectra/MatOp/DenseSymMatProd.h>
+#include <Eigen/Eigenvalues>
+
+namespace spectral_cond {
+
+namespace detail {
+
+/// kappa_jacobian_gram on inputs in double. When `factor` is given and the Cholesky route ran
+/// and succeeded, the Cholesky factor of J J^T is moved there (for lobpcg, which then need not
+/// form and factor J J^T again).
+template <typename = void>
+inline ConditionResult<double> gram_condition(const KJInputs& in, const JacobianKappaOptions& jo,
+                                              Mat<double>* factor) {
+  const char* which = in.wide() ? "J J^T" : "J^T J";
+  Mat<double> G = in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
+                            : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts);
+  if (jo.progress) jo.progress(0.3);
+  const Index n = G.rows();
+  ConditionResult<double> res;
+  if (n <= jo.gram_eig_max) {
+    Vec<double> lambda;
+    std::string why;
+    const std::string solver = symmetric_eigenvalues(G, /*psd=*/true, lambda, why);
+    if (solver.empty()) {
+      res = invalid_condition<double>("");
+      res.info = Info::NotConverging;
+      res.method = std::string("gram (eigenvalues of ") + which + ")";
+      res.note = "no symmetric eigensolver converged on " + std::string(which) + ": " + why +
+                 "; use method qr or lobpcg";
+      if (jo.progress) jo.progress(1.0);
+      return res;
+    }
+    res = condition_from_gram_eigenvalues(
+        lambda, in.rows, in.cols, jo,
+        std::string("gram (eigenvalues of ") + which + ", " + solver + ")");
+    if (!why.empty()) res.note = res.note.empty() ? why : why + "; " + res.note;
+  } else {
+    // Lanczos for λ_max(G); then G is factored in place (peak memory one G) and Lanczos on
+    // G^{-1} gives λ_min(G).
+    double lmax = 0;
+    {
+      Spectra::DenseSymMatProd<double> op(G);
+      const LanczosOutcome big = lanczos_largest(op, jo.lanczos);
+      lmax = big.lambda;
+      res.iterations += big.iterations;
+      res.residual = big.residual;
+    }
+    res.method = std::string("gram (Lanczos and Cholesky of ") + which + ")";
+    res.sigma_max = std::sqrt(std::max(0.0, lmax));
+    if (jo.progress) jo.progress(0.5);
+    const bool pd = detail::cholesky_in_place(G);
+    if (jo.progress) jo.progress(0.8);
+    const double floor = std::sqrt(static_cast<double>(n) * ScalarTraits<double>::eps());
+    if (!pd) {
+      res.sigma_min = 0;
+      res.kappa = ScalarTraits<double>::inf();
+      res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
+      res.info = Info::Singular;
+      res.note = std::string("Cholesky of ") + which +
+                 " failed: singular at working precision (kappa_plus needs method qr or dense)";
+    } else {
+      detail::CholeskyInverseOp inv{&G};
+      const LanczosOutcome small = lanczos_largest(inv, jo.lanczos);
+      const double linv = small.lambda;
+      res.iterations += small.iterations;
+      res.residual = std::max(res.residual, small.residual);
+      res.sigma_min = 1.0 / std::sqrt(linv);
+      res.kappa = res.sigma_max / res.sigma_min;
+      res.rank = std::min(in.rows, in.cols);
+      res.sigma_min_plus = res.sigma_min;
+      res.kappa_plus = res.kappa;
+      if (res.sigma_min < floor * res.sigma_max) {
+        res.kappa = ScalarTraits<double>::inf();
+        res.info = Info::Singular;
+        res.note = "sigma_min below sqrt(n eps) sigma_1: indistinguishable from zero by gram";
+      }
+      if (!std::isfinite(lmax) || !std::isfinite(linv)) res.info = Info::NotConverging;
+      if (factor != nullptr && in.wide()) *factor = std::move(G);
+    }
+  }
+  if (jo.progress) jo.progress(1.0);
+  squared_accuracy(res, jo);
+  return res;
+}
+
+}  // namespace detail
+
+/// κ(J) from the structured Gram matrix (MATH.md §3), without forming J. Accuracy ε κ^2.
+template <typename Scalar>
+ConditionResult<double> kappa_jacobian_gram(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                            const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                            const AttentionOptions<Scalar>& opts,
+                                            const JacobianKappaOptions& jo = {}) {
+  if (auto bad =
+          detail::check_kj_inputs<Scalar>("kappa_jacobian_gram", X, WQ, WK, WV, opts, jo, "gram"))
+    return *bad;
+  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+  return detail::validated(in, detail::gram_condition(in, jo, nullptr), jo);
+}
+
+}  // namespace spectral_cond

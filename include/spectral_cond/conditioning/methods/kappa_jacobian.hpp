@@ -1,0 +1,131 @@
+// spectral_cond: κ(J) of an attention block by five methods, each saying what it computed and
+// how accurate it is (MATH.md §3–4).
+//
+//   dense      SVD of the assembled J. The reference; accuracy about ε κ(J); small sizes only.
+//   gram       eigenvalues of the structured Gram J J^T (or J^T J when J is tall), never forming
+//              J. Squares J: σ_min has relative error about ε κ(J)^2 (MATH.md §3, "Squaring is
+//              not affordable"), and singular values below about sqrt(n ε) σ_1 cannot be told
+//              from zero.
+//   iterative  matrix-free Lanczos (Spectra) on J J^T or J^T J through the JVP/VJP operators;
+//              squares J too, and σ_min may not converge: then Info::NotConverging.
+//   lobpcg     wide J: LOBPCG for the smallest eigenvalue of J J^T, preconditioned by the
+//              Cholesky factor of gram's J J^T, with every product by J and J^T matrix-free and
+//              the Rayleigh-Ritz step an SVD of J^T S. Gram's rounding only slows the iteration;
+//              its fixed point is set by products with J: accuracy about ε κ(J), like qr, at
+//              about gram's cost. Answers only when the preconditioned iteration converges and
+//              σ_min is above the rank tolerance; otherwise (and for tall J, and when its stated
+//              accuracy exceeds max(tol, 100 ε κ)) kappa_jacobian takes qr.
+//   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
+//              triangular factor: backward stable, accuracy about ε κ(J).
+//   auto       dense when J is small; else gram when its own error estimate ε κ^2 is below the
+//              requested tolerance, otherwise an accurate method: lobpcg where it answers, qr
+//              where it does not. The note says which and why.
+//
+// All methods compute in double, whatever the scalar of the inputs.
+#pragma once
+
+#include "spectral_cond/detail/instances.hpp"
+
+#include "spectral_cond/conditioning/methods/dense.hpp"
+#include "spectral_cond/conditioning/methods/gram.hpp"
+#include "spectral_cond/conditioning/methods/iterative.hpp"
+#include "spectral_cond/conditioning/methods/lobpcg.hpp"
+#include "spectral_cond/conditioning/methods/qr.hpp"
+
+namespace spectral_cond {
+
+/// κ(J) by the method in `jo` (MATH.md §3–4, §12); see the top of this header for what each does.
+template <typename Scalar>
+ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                       const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                       const AttentionOptions<Scalar>& opts,
+                                       const JacobianKappaOptions& jo = {}) {
+  if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
+                                                 to_string(jo.method)))
+    return *bad;
+  const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+  auto qr = [&] {
+    QrKappaOptions qo = jo.qr;
+    qo.rtol = jo.rtol;
+    qo.progress = jo.progress;
+    return kappa_jacobian_qr<double>(in.X, in.WQ, in.WK, in.WV, in.opts, qo);
+  };
+  switch (jo.method) {
+    case JacobianKappaMethod::Dense:
+      return kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
+    case JacobianKappaMethod::Gram:
+      return detail::validated(in, detail::gram_condition(in, jo, nullptr), jo);
+    case JacobianKappaMethod::Iterative:
+      return kappa_jacobian_iterative<Scalar>(X, WQ, WK, WV, opts, jo);
+    case JacobianKappaMethod::Qr:
+      return qr();
+    case JacobianKappaMethod::Lobpcg:
+    case JacobianKappaMethod::Auto:
+      break;
+  }
+  // lobpcg where it answers, else qr (kappa_jacobian_lobpcg's comment says when it does not).
+  Mat<double> factor;  // J J^T's Cholesky factor when gram computed it, for lobpcg
+  std::ostringstream why;
+  bool lobpcg_answered = false;
+  auto accurate = [&] {
+    ConditionResult<double> r =
+        detail::validated(in, detail::lobpcg_condition(in, jo, std::move(factor)), jo);
+    // qr's accuracy is about ε κ: lobpcg's answer stands when it is within 100 ε κ or tol.
+    const double good_enough = std::max(jo.tol, 100 * ScalarTraits<double>::eps() * r.kappa);
+    if (r.info == Info::Success && r.accuracy <= good_enough) {
+      lobpcg_answered = true;
+      why << "lobpcg answered";
+      return r;
+    }
+    if (r.info == Info::Success)
+      why << "lobpcg's stated accuracy " << r.accuracy
+          << " exceeds max(tol, 100 eps kappa) = " << good_enough << ", so qr";
+    else
+      why << "lobpcg did not answer (" << r.note << "), so qr";
+    return qr();
+  };
+  if (jo.method == JacobianKappaMethod::Lobpcg) {
+    ConditionResult<double> res = accurate();
+    if (!lobpcg_answered) res.note = why.str() + "; " + res.note;
+    return res;
+  }
+  const Index rows = jacobian_rows(X.rows(), WV.cols());
+  const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
+  ConditionResult<double> res;
+  if (rows * cols <= jo.dense_max_entries) {
+    res = kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
+    why << "auto chose dense: J has " << rows * cols << " <= " << jo.dense_max_entries
+        << " entries";
+  } else {
+    res = detail::validated(in, detail::gram_condition(in, jo, &factor), jo);
+    if ((res.info == Info::Success || res.info == Info::Singular) && res.accuracy <= jo.tol) {
+      why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
+          << " is below tol = " << jo.tol;
+    } else {
+      why << "auto chose an accurate method: gram's error estimate eps*kappa^2 = " << res.accuracy
+          << " exceeds tol = " << jo.tol << "; ";
+      if (rows <= cols) {
+        res = accurate();
+      } else {
+        why << "J is tall, so qr";
+        res = qr();
+      }
+    }
+  }
+  res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;
+  return res;
+}
+
+/// By-value convenience form.
+template <typename DX, typename DQ, typename DK, typename DV>
+ConditionResult<double> kappa_jacobian(const Eigen::MatrixBase<DX>& X,
+                                       const Eigen::MatrixBase<DQ>& WQ,
+                                       const Eigen::MatrixBase<DK>& WK,
+                                       const Eigen::MatrixBase<DV>& WV,
+                                       const AttentionOptions<typename DX::Scalar>& opts = {},
+                                       const JacobianKappaOptions& jo = {}) {
+  return kappa_jacobian<typename DX::Scalar>(X, WQ, WK, WV, opts, jo);
+}
+
+}  // namespace spectral_cond
+SPECTRAL_COND_DECLARE_EXTERN(kappa_jacobian)

@@ -1,0 +1,128 @@
+// spectral_cond: the vocabulary of the κ(J) methods (MATH.md §12): the method as a typed enum,
+// and one options struct per concern, with the same field names everywhere (tol,
+// max_iterations, seed) and a check() that throws std::invalid_argument naming the function.
+#pragma once
+
+#include "spectral_cond/core/random.hpp"
+#include "spectral_cond/linalg/lanczos.hpp"
+#include "spectral_cond/linalg/lobpcg.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace spectral_cond {
+
+/// How κ(J) is computed (MATH.md §12).
+enum class JacobianKappaMethod { Auto, Dense, Gram, Iterative, Qr, Lobpcg };
+
+inline const char* to_string(JacobianKappaMethod m) {
+  switch (m) {
+    case JacobianKappaMethod::Auto:
+      return "auto";
+    case JacobianKappaMethod::Dense:
+      return "dense";
+    case JacobianKappaMethod::Gram:
+      return "gram";
+    case JacobianKappaMethod::Iterative:
+      return "iterative";
+    case JacobianKappaMethod::Qr:
+      return "qr";
+    case JacobianKappaMethod::Lobpcg:
+      return "lobpcg";
+  }
+  return "unknown";
+}
+
+/// Parses "auto", "dense", "gram", "iterative", "qr" or "lobpcg"; throws std::invalid_argument
+/// otherwise.
+inline JacobianKappaMethod parse_jacobian_kappa_method(const std::string& s) {
+  for (auto m :
+       {JacobianKappaMethod::Auto, JacobianKappaMethod::Dense, JacobianKappaMethod::Gram,
+        JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr, JacobianKappaMethod::Lobpcg})
+    if (s == to_string(m)) return m;
+  throw std::invalid_argument("method: unknown '" + s +
+                              "' (expected auto, dense, gram, iterative, qr or lobpcg)");
+}
+
+/// Options of kappa_jacobian_qr and kappa_input_jacobian_qr (MATH.md §3, §12).
+struct QrKappaOptions {
+  /// Columns of J~ per streamed block (rows of J~^T per update of R). 0 (default): about
+  /// 128 MiB of doubles per block, clamped to [256, 4096].
+  Index block_cols = 0;
+  /// Householder panel width nb of the blocked update (default 64); the panel is BLAS-2, the
+  /// trailing update two GEMMs of inner size nb and block_cols.
+  Index panel = 64;
+  /// Rank tolerance relative to σ_1: σ_i counts towards the rank when σ_i > rtol · σ_1.
+  /// Negative (default): max(m, n) · ε with m x n the shape of the uncompressed J (MATH.md §4).
+  double rtol = -1;
+  /// The Lanczos iterations for σ_max and σ_min of the triangular factor R (default tolerance
+  /// 1e-13, 1000 restarts).
+  LanczosOptions lanczos{1e-13, 1000, 20, default_seed};
+  /// R of order <= this gets a dense SVD (all singular values, hence the exact numerical rank)
+  /// when J~ is tall or when the Lanczos σ_min is below the rank tolerance (default 2048).
+  /// Below 64 the dense SVD is always used.
+  Index dense_svd_max = 2048;
+  /// Threads for the trailing updates; 0 (default): std::thread::hardware_concurrency().
+  unsigned threads = 0;
+  /// Called with the fraction of the work done, in [0, 1], after each streamed block and at the
+  /// end (for progress reports; may be empty). It may throw to cancel the computation.
+  std::function<void(double)> progress;
+
+  void check(const char* fn) const {
+    std::ostringstream s;
+    if (block_cols < 0)
+      s << "block_cols must be >= 0 (got " << block_cols << ")";
+    else if (panel < 1)
+      s << "panel must be >= 1 (got " << panel << ")";
+    else if (!(std::isfinite(rtol) && rtol < 1))
+      s << "rtol must be finite and < 1 (got " << rtol << ")";
+    else if (dense_svd_max < 0)
+      s << "dense_svd_max must be >= 0 (got " << dense_svd_max << ")";
+    if (!s.str().empty()) detail::fail(fn, s.str());
+    lanczos.check(fn);
+  }
+  unsigned resolved_threads() const {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return threads > 0 ? threads : (hw > 0 ? hw : 1u);
+  }
+};
+
+/// Options of kappa_jacobian and of every kappa_jacobian_* method (MATH.md §12).
+struct JacobianKappaOptions {
+  JacobianKappaMethod method = JacobianKappaMethod::Auto;
+  /// Requested relative accuracy of σ_min; auto takes gram only when ε κ^2 is below it, and
+  /// gram and iterative say in their note when their estimate exceeds it. Default 1e-6.
+  double tol = 1e-6;
+  /// Rank tolerance relative to σ_1 for kappa_plus; < 0 means max(m, n) ε (MATH.md §4, §15).
+  double rtol = -1;
+  /// auto uses dense while J has at most this many entries (default 2^22, 32 MB).
+  Index dense_max_entries = Index(1) << 22;
+  /// gram: a full symmetric eigensolve up to this order, Lanczos and Cholesky above.
+  Index gram_eig_max = 4000;
+  /// The Lanczos iterations of the gram, iterative and lobpcg methods.
+  LanczosOptions lanczos;
+  /// The LOBPCG iteration of the lobpcg method.
+  LobpcgOptions lobpcg;
+  /// The qr method (its rtol and progress are taken from this struct when kappa_jacobian calls
+  /// it).
+  QrKappaOptions qr;
+  /// Called with the fraction done, for progress bars; may be empty. It may throw to cancel
+  /// the computation: the exception propagates and nothing is left half-done.
+  std::function<void(double)> progress;
+
+  void check(const char* fn) const {
+    if (!(tol > 0)) detail::fail(fn, "tol must be > 0");
+    if (!(rtol < 1)) detail::fail(fn, "rtol must be < 1 (or < 0 for the default)");
+    if (dense_max_entries < 0 || gram_eig_max < 1)
+      detail::fail(fn, "dense_max_entries must be >= 0 and gram_eig_max >= 1");
+    lanczos.check(fn);
+    lobpcg.check(fn);
+    qr.check(fn);
+  }
+};
+
+}  // namespace spectral_cond

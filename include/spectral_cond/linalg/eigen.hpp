@@ -1,0 +1,79 @@
+// spectral_cond: eigenvalues of a symmetric matrix with every solver's status checked (MATH.md
+// §12). Eigen's SelfAdjointEigenSolver can stop without converging (its QR iteration has a fixed
+// budget) and then returns unsorted, meaningless values; those are never read as a result here.
+#pragma once
+
+#include "spectral_cond/core/common.hpp"
+
+#include <Eigen/Eigenvalues>
+#include <Eigen/SVD>
+
+#include <algorithm>
+#include <string>
+
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+#include <lapacke.h>
+#endif
+
+namespace spectral_cond {
+namespace detail {
+
+/// Test hook: while positive, symmetric_eigenvalues skips its first `symmetric_eigen_failures`
+/// solvers as if they had not converged (tests inject non-converging solvers through it).
+inline thread_local int symmetric_eigen_failures = 0;
+
+/// The eigenvalues of the symmetric `G` (only its lower triangle is read by LAPACK; Eigen reads
+/// the whole, which is symmetric here) in ascending order, into `ascending`. Tries, in turn:
+/// LAPACK ?syevd (where the build has LAPACKE), Eigen's SelfAdjointEigenSolver, and for a
+/// positive semidefinite `G` (`psd`) the singular values from Eigen's BDCSVD (which equal the
+/// eigenvalues of a PSD matrix). Each solver's status is checked and the values are checked to
+/// be finite and sorted. Returns the name of the solver that answered, or an empty string when
+/// none did (then `ascending` is left empty). `note` collects why a solver was passed over.
+template <typename Scalar>
+std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& ascending,
+                                  std::string& note) {
+  const Index n = G.rows();
+  auto accept = [&](const Vec<Scalar>& v) {
+    if (v.size() != n || !v.allFinite()) return false;
+    for (Index i = 1; i < n; ++i)
+      if (v(i) < v(i - 1)) return false;
+    ascending = v;
+    return true;
+  };
+  auto add = [&](const std::string& s) { note += (note.empty() ? "" : "; ") + s; };
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  if constexpr (std::is_same<Scalar, double>::value || std::is_same<Scalar, float>::value) {
+    Mat<Scalar> A = G;
+    Vec<Scalar> w(n);
+    lapack_int rc;
+    if constexpr (std::is_same<Scalar, double>::value)
+      rc = LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
+                          static_cast<lapack_int>(n), w.data());
+    else
+      rc = LAPACKE_ssyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
+                          static_cast<lapack_int>(n), w.data());
+    if (symmetric_eigen_failures < 1 && rc == 0 && accept(w)) return "lapack_syevd";
+    add("LAPACK syevd failed (info = " + std::to_string(rc) + ")");
+  }
+#endif
+  {
+    Eigen::SelfAdjointEigenSolver<Mat<Scalar>> es(G, Eigen::EigenvaluesOnly);
+    if (symmetric_eigen_failures < 2 && es.info() == Eigen::Success && accept(es.eigenvalues()))
+      return "eigen_selfadjoint";
+    add(es.info() == Eigen::Success ? "Eigen's SelfAdjointEigenSolver returned unsorted values"
+                                    : "Eigen's SelfAdjointEigenSolver did not converge");
+  }
+  if (psd) {
+    Eigen::BDCSVD<Mat<Scalar>> svd(G);
+    if (symmetric_eigen_failures < 3 && svd.info() == Eigen::Success) {
+      Vec<Scalar> s = svd.singularValues().reverse();  // ascending
+      if (accept(s)) return "bdc_svd (of the positive semidefinite matrix)";
+    }
+    add("Eigen's BDCSVD failed");
+  }
+  ascending.resize(0);
+  return {};
+}
+
+}  // namespace detail
+}  // namespace spectral_cond

@@ -1,0 +1,134 @@
+// spectral_cond: LOBPCG for the smallest singular value of a wide matrix J given by its products
+// (MATH.md §12), with a preconditioner for J J^T supplied by the caller.
+#pragma once
+
+#include "spectral_cond/core/random.hpp"
+
+#include <Eigen/QR>
+#include <Eigen/SVD>
+
+#include <functional>
+
+namespace spectral_cond {
+
+/// Options of the LOBPCG iteration of the lobpcg method (MATH.md §12).
+struct LobpcgOptions {
+  /// Block size (default 4).
+  Index block = 4;
+  /// Iterations allowed (default 100).
+  Index max_iterations = 100;
+  /// Stopping tolerance on the relative residual bound ρ = ||M^{-1} (J J^T x - σ^2 x)|| of the
+  /// smallest Ritz pair (its σ is then within about ρ / 2, relatively, of a singular value of
+  /// J); the iteration also stops once ρ reaches rounding level, 16 ε κ. Default 1e-10.
+  double tol = 1e-10;
+  /// Seed of the start block (MATH.md §16).
+  std::uint64_t seed = default_seed;
+
+  void check(const char* fn) const {
+    if (block < 1 || max_iterations < 1 || !(tol > 0 && tol < 1))
+      detail::fail(fn,
+                   "lobpcg.block and lobpcg.max_iterations must be >= 1 and lobpcg.tol in (0, 1)");
+  }
+};
+
+namespace detail {
+
+struct LobpcgOutcome {
+  double sigma = std::numeric_limits<double>::quiet_NaN();  ///< smallest Ritz value of J^T
+  double rho = std::numeric_limits<double>::infinity();     ///< its residual bound (see below)
+  Index iterations = 0;
+  bool converged = false;
+};
+
+/// σ_min of the wide J (products J.apply(x, y) = J x and J.apply_transpose(x, y) = J^T x, one JVP
+/// or VJP per column) by LOBPCG on J J^T with the preconditioner `precondition(B)`, B <- M^{-1} B
+/// for an approximation M of J J^T (MATH.md §12). With M = G~ = L L^T, the computed Gram matrix
+/// (the lobpcg method):
+///   - the Rayleigh-Ritz step takes the SVD of J^T S for an orthonormal basis S of [X, W, P]
+///     (the singular values of J^T on span S), never the eigenvalues of S^T J J^T S, so nothing
+///     in it squares J;
+///   - the residual R = J (J^T X) - X Σ^2 is formed from products with J as well. G~ differs
+///     from J J^T by about ε σ_1^2, which only makes the preconditioner inexact (||I - G~^{-1}
+///     J J^T|| ~ ε κ^2 in the smallest directions): the iteration's fixed point is set by the
+///     products with J, so σ_min comes out to about ε κ relatively, like a backward-stable
+///     method, as long as the iteration converges;
+///   - ρ = ||W_1|| = ||(L L^T)^{-1} r_1|| for the unit Ritz vector x_1 is the inverse-iteration
+///     residual: with G~ = J J^T exactly, some eigenvalue λ of J J^T has |λ - σ^2| <= ρ λ, so σ
+///     is within about ρ / 2 of a singular value, relatively. G~ differs from J J^T, so
+///     ||(J J^T)^{-1} r_1|| <= (1 + ||G~ - J J^T|| / σ_min^2) ρ ≈ (1 + ε κ^2) ρ: the caller
+///     states that. Rounding in the products can put a
+///     floor under ρ: the iteration stops at ρ <= tol, or once ρ <= 16 ε κ and σ moved by at most
+///     4 ε κ relatively in the last step (nothing left to gain above rounding).
+template <typename Products, typename Precondition>
+LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, double sigma_max,
+                               const LobpcgOptions& lo,
+                               const std::function<void(double)>& progress) {
+  const Index m = J.rows(), n = J.cols(), b = std::min(lo.block, m);
+  const double eps = ScalarTraits<double>::eps();
+  auto apply_t = [&](const Mat<double>& S, Mat<double>& Y) {  // Y = J^T S
+    Y.resize(n, S.cols());
+    for (Index j = 0; j < S.cols(); ++j) J.apply_transpose(S.col(j).data(), Y.col(j).data());
+  };
+  Mat<double> X(m, b), Y, S, YS, R, P, Xn;
+  Vec<double> sig;
+  // X, Y = J^T X and sig <- the b smallest Ritz triplets of span(S), ascending.
+  auto rayleigh_ritz = [&]() {
+    apply_t(S, YS);
+    Eigen::JacobiSVD<Mat<double>> svd(YS, Eigen::ComputeThinV);
+    const Index k = svd.singularValues().size(), kb = std::min(b, k);
+    sig = svd.singularValues().tail(kb).reverse();
+    const Mat<double> V = svd.matrixV().rightCols(kb).rowwise().reverse();
+    Xn.noalias() = S * V;
+    Y.noalias() = YS * V;
+  };
+  auto orthonormal_basis = [&](const Mat<double>& A) {  // at most m columns: all of R^m
+    Eigen::HouseholderQR<Mat<double>> qr(A);
+    S = qr.householderQ() * Mat<double>::Identity(A.rows(), std::min(A.cols(), A.rows()));
+  };
+  Rng rng(lo.seed);
+  for (Index k = 0; k < X.size(); ++k) X.data()[k] = rng.normal();
+  precondition(X);  // one step of inverse iteration with G~: the start
+  orthonormal_basis(X);
+  rayleigh_ritz();
+  X = Xn;
+  LobpcgOutcome out;
+  double done = 0;  // progress: the fraction of the way from ρ = 1 to ρ = tol, never decreasing
+  for (Index it = 0;; ++it) {
+    R.resize(m, sig.size());
+    for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
+    for (Index j = 0; j < sig.size(); ++j) R.col(j) -= (sig(j) * sig(j)) * X.col(j);
+    precondition(R);  // W
+    const double previous = out.sigma;
+    out.sigma = sig(0);
+    out.rho = R.col(0).norm();
+    out.iterations = it;
+    const double floor = 16 * eps * sigma_max / sig(0);
+    if (out.rho <= lo.tol ||
+        (out.rho <= floor && std::abs(previous - out.sigma) <= 0.25 * floor * out.sigma)) {
+      out.converged = true;
+      return out;
+    }
+    if (it >= lo.max_iterations || !std::isfinite(out.rho)) return out;
+    if (progress) {
+      done = std::max(done, std::clamp(std::log(out.rho) / std::log(lo.tol), 0.0, 1.0));
+      progress(done);
+    }
+    // Basis [X, W, P], W and P scaled to unit columns (zero ones dropped) so that the QR keeps
+    // their directions to working precision however small the correction has become.
+    Index cols = X.cols();
+    Mat<double> A(m, X.cols() + R.cols() + P.cols());
+    A.leftCols(X.cols()) = X;
+    for (const Mat<double>* M : {&R, &P})
+      for (Index j = 0; j < M->cols(); ++j) {
+        const double nrm = M->col(j).norm();
+        if (nrm > 0 && std::isfinite(nrm)) A.col(cols++) = M->col(j) / nrm;
+      }
+    orthonormal_basis(A.leftCols(cols));
+    rayleigh_ritz();
+    P.noalias() = Xn - X * (X.transpose() * Xn);  // the step's part outside span(X)
+    X = Xn;
+  }
+}
+
+}  // namespace detail
+}  // namespace spectral_cond
