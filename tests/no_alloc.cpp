@@ -3,7 +3,7 @@
 // (Small sizes: Eigen's GEMM keeps its blocking buffers on the stack below 128 KiB.)
 #include <spectral_cond/spectral_cond.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 

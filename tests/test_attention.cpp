@@ -2,7 +2,7 @@
 // the adjoint identity, masks, extreme logits and degenerate shapes.
 #include <spectral_cond/spectral_cond.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::make_problem;

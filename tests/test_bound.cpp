@@ -2,7 +2,7 @@
 // N^2 x N^2 matrix, the bound's arithmetic, and the verdicts.
 #include <spectral_cond/conditioning/bound.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <Eigen/SVD>
 

@@ -3,7 +3,7 @@
 #include <spectral_cond/conditioning/conditioned.hpp>
 #include <spectral_cond/testing/finite_diff.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;

@@ -3,7 +3,7 @@
 // without a hypothesis (the diag(-9.9, 5) counterexample); multi-head placements.
 #include <spectral_cond/conditioning/corrections.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <Eigen/QR>
 #include <Eigen/SVD>

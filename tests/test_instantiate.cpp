@@ -2,7 +2,7 @@
 // template that does not compile for one scalar is caught here and not by a user.
 #include <spectral_cond/spectral_cond.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 namespace sc = spectral_cond;
 

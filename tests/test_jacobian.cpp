@@ -7,7 +7,7 @@
 
 #include <Eigen/SVD>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;

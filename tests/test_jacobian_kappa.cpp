@@ -2,7 +2,7 @@
 // their stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;

@@ -2,7 +2,7 @@
 // exact semantics for singular, rank-deficient, zero and invalid matrices, every SVD backend.
 #include <spectral_cond/conditioning/kappa.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <Eigen/SVD>
 

@@ -1,7 +1,7 @@
 // Layout detection from tensor names (MATH.md §8), slot extraction/insertion and head counts.
 #include <spectral_cond/io/layouts.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <cstdio>
 #include <fstream>

@@ -4,8 +4,8 @@
 // convergence) and what kappa_jacobian does then (qr); auto's choice; option checks.
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
-#include "dense_reference.hpp"
-#include "test_helpers.hpp"
+#include "support/dense_reference.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::dense_reference;
@@ -132,7 +132,7 @@ TEST_CASE("lobpcg's block size changes the iteration, not the answer") {
   for (Index b : {1, 2, 4, 8}) {
     INFO("block=" << b);
     JacobianKappaOptions jo;
-    jo.lobpcg_block = b;
+    jo.lobpcg.block = b;
     const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
     check_agrees(l, d, 1e-9);
   }
@@ -178,9 +178,9 @@ TEST_CASE("lobpcg declines tall and singular J; kappa_jacobian then answers by q
 TEST_CASE("lobpcg: NotConverging when the iterations run out; kappa_jacobian falls back to qr") {
   const auto p = make_problem<double>(kMid, kMid, kMid, kMid, 17);
   JacobianKappaOptions jo;
-  jo.lobpcg_max_iterations = 1;
-  jo.lobpcg_tol = 1e-300;
-  jo.lobpcg_block = 1;
+  jo.lobpcg.max_iterations = 1;
+  jo.lobpcg.tol = 1e-300;
+  jo.lobpcg.block = 1;
   const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
   INFO("note: " << l.note);
   CHECK(l.info == Info::NotConverging);
@@ -196,7 +196,7 @@ TEST_CASE("lobpcg: NotConverging when the iterations run out; kappa_jacobian fal
 TEST_CASE("kappa_jacobian takes qr when lobpcg's stated accuracy is poor") {
   const auto p = make_problem<double>(kMid, kMid, kMid, kMid, 17);
   JacobianKappaOptions jo;
-  jo.lobpcg_tol = 1e-2;  // stops early: ρ / 2 dominates the stated accuracy
+  jo.lobpcg.tol = 1e-2;  // stops early: ρ / 2 dominates the stated accuracy
   jo.tol = 1e-8;
   const auto l = kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
   INFO("lobpcg note: " << l.note);
@@ -237,15 +237,15 @@ TEST_CASE("auto: gram when eps kappa^2 <= tol, else lobpcg, with the reason in t
 TEST_CASE("lobpcg: bad options throw, NaN input gives InvalidInput") {
   const auto p = make_problem<double>(6, 8, 4, 3, 3);
   JacobianKappaOptions jo;
-  jo.lobpcg_block = 0;
+  jo.lobpcg.block = 0;
   CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
                   std::invalid_argument);
   jo = {};
-  jo.lobpcg_tol = 1.5;
+  jo.lobpcg.tol = 1.5;
   CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
                   std::invalid_argument);
   jo = {};
-  jo.lobpcg_max_iterations = 0;
+  jo.lobpcg.max_iterations = 0;
   CHECK_THROWS_AS(kappa_jacobian_lobpcg<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo),
                   std::invalid_argument);
   auto bad = p;

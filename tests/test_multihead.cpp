@@ -2,7 +2,7 @@
 // its JVP/VJP checked against finite differences and the adjoint identity.
 #include <spectral_cond/spectral_cond.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;

@@ -3,7 +3,7 @@
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <cstring>
 #include <filesystem>

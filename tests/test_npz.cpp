@@ -1,7 +1,7 @@
 // Tests of the .npz reader (include/spectral_cond/io/npz.hpp): numpy's own archives (committed
 // fixtures from numpy.savez and numpy.savez_compressed), zips built here with zlib, and a
 // corpus of broken archives.
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <spectral_cond/io/npz.hpp>
 

@@ -6,7 +6,7 @@
 #include <Spectra/SymEigsSolver.h>
 #include <Eigen/SVD>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;

@@ -5,8 +5,8 @@
 
 #include <chrono>
 
-#include "dense_reference.hpp"
-#include "test_helpers.hpp"
+#include "support/dense_reference.hpp"
+#include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::dense_reference;
@@ -189,7 +189,7 @@ TEST_CASE("qr: zero X, NaN input and misuse") {
   CHECK_THROWS_WITH_AS(kappa_jacobian_qr<double>(p.X, p.WQ, p.WK, p.WV, p.opts, qo),
                        "kappa_jacobian_qr: panel must be >= 1 (got 0)", std::invalid_argument);
   qo = {};
-  qo.tol = 0;
+  qo.lanczos.tol = 0;
   CHECK_THROWS_AS(kappa_input_jacobian_qr<double>(p.X, p.WQ, p.WK, p.WV, p.opts, qo),
                   std::invalid_argument);
 }

@@ -1,6 +1,6 @@
 // Tests of the safetensors reader and writer (include/spectral_cond/io/safetensors.hpp), the
 // half/bfloat16 conversions (float16.hpp) and sharded checkpoints.
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <spectral_cond/io/safetensors.hpp>
 

@@ -6,8 +6,8 @@
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 #include <spectral_cond/io/npy.hpp>
 
-#include "dense_reference.hpp"
-#include "test_helpers.hpp"
+#include "support/dense_reference.hpp"
+#include "support/test_helpers.hpp"
 
 #include <filesystem>
 

@@ -7,7 +7,7 @@
 
 #include "../apps/spectral-cond/verify_sweep.hpp"
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #if __has_include(<nlohmann/json.hpp>)
 #include "../apps/spectral-cond/report_json.hpp"
