@@ -135,7 +135,10 @@ inline double sigma_max_lower_bound(const KJInputs& in, Index iterations, std::u
 template <typename = void>
 inline ConditionResult<double> validated(const KJInputs& in, ConditionResult<double> res,
                                          const JacobianKappaOptions& jo) {
-  if (res.info != Info::Success && res.info != Info::Singular) return res;
+  // Only answers are checked: a success, or "singular" with kappa = +inf. A declined result
+  // (NaN kappa) has nothing to check.
+  if (!(res.info == Info::Success || (res.info == Info::Singular && std::isinf(res.kappa))))
+    return res;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::ostringstream why;
   const double eps = ScalarTraits<double>::eps();
