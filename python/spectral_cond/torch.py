@@ -271,6 +271,11 @@ def remove(model: nn.Module, fold: bool = True) -> nn.Module:
     for m in model.modules():
         if not parametrize.is_parametrized(m):
             continue
+        # A deep copy of a parametrized module shares its generated class with the original,
+        # and removing a parametrization deletes a property of that class: give this module a
+        # class of its own first, so that the copy and the original stay independent.
+        cls = m.__class__
+        m.__class__ = type(cls.__name__, cls.__bases__, dict(cls.__dict__))
         for param in list(m.parametrizations.keys()):
             plist = m.parametrizations[param]
             if any(isinstance(f, FixedCorrection) for f in plist):

@@ -63,10 +63,14 @@ nb::object attention_jvp_py(const Array& X, const Array& WQ, const Array& WK, co
                             const std::optional<Array>& dWV, const std::optional<Array>& dX,
                             std::optional<double> scale, const nb::object& mask) {
   constexpr const char* fn = "attention_jvp";
-  const Dtype d = check_same_dtype(
-      fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}, {"dW_Q", dWQ ? &*dWQ : nullptr},
-           {"dW_K", dWK ? &*dWK : nullptr}, {"dW_V", dWV ? &*dWV : nullptr},
-           {"dX", dX ? &*dX : nullptr}});
+  const Dtype d = check_same_dtype(fn, {{"X", &X},
+                                        {"W_Q", &WQ},
+                                        {"W_K", &WK},
+                                        {"W_V", &WV},
+                                        {"dW_Q", dWQ ? &*dWQ : nullptr},
+                                        {"dW_K", dWK ? &*dWK : nullptr},
+                                        {"dW_V", dWV ? &*dWV : nullptr},
+                                        {"dX", dX ? &*dX : nullptr}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const Inputs<S> in(fn, X, WQ, WK, WV);
@@ -90,8 +94,8 @@ nb::object attention_jvp_py(const Array& X, const Array& WQ, const Array& WK, co
 nb::dict attention_vjp_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
                           const Array& G, std::optional<double> scale, const nb::object& mask) {
   constexpr const char* fn = "attention_vjp";
-  const Dtype d = check_same_dtype(
-      fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}, {"G", &G}});
+  const Dtype d =
+      check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}, {"G", &G}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const Inputs<S> in(fn, X, WQ, WK, WV);
@@ -114,9 +118,9 @@ nb::dict attention_vjp_py(const Array& X, const Array& WQ, const Array& WK, cons
   });
 }
 
-nb::object attention_jacobian_py(const Array& X, const Array& WQ, const Array& WK,
-                                 const Array& WV, const std::string& block,
-                                 std::optional<double> scale, const nb::object& mask) {
+nb::object attention_jacobian_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
+                                 const std::string& block, std::optional<double> scale,
+                                 const nb::object& mask) {
   constexpr const char* fn = "attention_jacobian";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   const JacobianBlock b = parse_block(fn, block);

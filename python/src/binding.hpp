@@ -29,26 +29,17 @@ using Array = nb::ndarray<nb::ro>;
 enum class Dtype { Float32, Float64 };
 
 inline std::string dtype_name(nb::dlpack::dtype t) {
-  const char* kind = "unknown";
-  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
-    case nb::dlpack::dtype_code::Int:
-      kind = "int";
-      break;
-    case nb::dlpack::dtype_code::UInt:
-      kind = "uint";
-      break;
-    case nb::dlpack::dtype_code::Float:
-      kind = "float";
-      break;
-    case nb::dlpack::dtype_code::Bfloat:
-      kind = "bfloat";
-      break;
-    case nb::dlpack::dtype_code::Complex:
-      kind = "complex";
-      break;
-    case nb::dlpack::dtype_code::Bool:
-      return "bool";
-  }
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  const char* kind = code == nb::dlpack::dtype_code::Int       ? "int"
+                     : code == nb::dlpack::dtype_code::UInt    ? "uint"
+                     : code == nb::dlpack::dtype_code::Float   ? "float"
+                     : code == nb::dlpack::dtype_code::Bfloat  ? "bfloat"
+                     : code == nb::dlpack::dtype_code::Complex ? "complex"
+                     : code == nb::dlpack::dtype_code::Bool    ? "bool"
+                                                               : "dtype code ";
+  if (code == nb::dlpack::dtype_code::Bool) return kind;
+  if (std::string(kind) == "dtype code ")
+    return kind + std::to_string(int(t.code)) + ", " + std::to_string(int(t.bits)) + " bits";
   return std::string(kind) + std::to_string(int(t.bits));
 }
 
@@ -77,24 +68,24 @@ inline Dtype check_matrix(const char* fn, const char* name, const Array& a) {
     value_error(fn, s.str());
   }
   if (a.ndim() != 2)
-    value_error(fn, std::string(name) + " must be a 2-D array (got " +
-                        std::to_string(a.ndim()) + "-D, shape " + shape_of(a) + ")");
+    value_error(fn, std::string(name) + " must be a 2-D array (got " + std::to_string(a.ndim()) +
+                        "-D, shape " + shape_of(a) + ")");
   Dtype d;
   if (a.dtype() == nb::dtype<double>())
     d = Dtype::Float64;
   else if (a.dtype() == nb::dtype<float>())
     d = Dtype::Float32;
   else
-    type_error(fn, std::string(name) + " must be float32 or float64 (got " +
-                       dtype_name(a.dtype()) + ")");
+    type_error(
+        fn, std::string(name) + " must be float32 or float64 (got " + dtype_name(a.dtype()) + ")");
   const int64_t r = int64_t(a.shape(0)), c = int64_t(a.shape(1));
   const bool f_order = (r <= 1 || a.stride(0) == 1) && (c <= 1 || a.stride(1) == r);
   const bool c_order = (c <= 1 || a.stride(1) == 1) && (r <= 1 || a.stride(0) == c);
   if (!f_order && !c_order) {
     std::ostringstream s;
-    s << name << " must be C- or Fortran-contiguous (got shape " << shape_of(a)
-      << " with strides (" << a.stride(0) << ", " << a.stride(1)
-      << ") in elements); pass numpy.ascontiguousarray(" << name << ")";
+    s << name << " must be C- or Fortran-contiguous (got shape " << shape_of(a) << " with strides ("
+      << a.stride(0) << ", " << a.stride(1) << ") in elements); pass numpy.ascontiguousarray("
+      << name << ")";
     value_error(fn, s.str());
   }
   return d;
@@ -137,7 +128,8 @@ void require_finite(const char* fn, const char* name, const CRef<Scalar>& m) {
 }
 
 /// Checks several arrays of one call: same device, rank, layout rules, one dtype.
-inline Dtype check_same_dtype(const char* fn, std::initializer_list<std::pair<const char*, const Array*>> arrays) {
+inline Dtype check_same_dtype(const char* fn,
+                              std::initializer_list<std::pair<const char*, const Array*>> arrays) {
   std::optional<Dtype> first;
   const char* first_name = nullptr;
   for (const auto& [name, a] : arrays) {

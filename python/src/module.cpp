@@ -94,8 +94,7 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
                            int64_t block_cols, std::optional<uint64_t> seed,
                            const nb::object& progress) {
   constexpr const char* fn = "kappa_jacobian";
-  const Dtype d =
-      check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
+  const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
@@ -128,8 +127,7 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
                       const nb::object& mask, std::optional<double> rtol, bool blocks,
                       unsigned threads, const nb::object& progress) {
   constexpr const char* fn = "theorem34";
-  const Dtype d =
-      check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
+  const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
@@ -275,10 +273,10 @@ NB_MODULE(_core, m) {
   m.def("singular_values", &singular_values_py, nb::arg("M"), nb::arg("svd") = "auto",
         "Singular values of M in decreasing order (MATH.md §4)");
   m.def("kappa_jacobian", &kappa_jacobian_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"),
-        nb::arg("WV"), nb::arg("method") = "auto", nb::arg("tol") = 1e-6,
-        nb::arg("scale") = none, nb::arg("mask") = none, nb::arg("rtol") = none,
-        nb::arg("threads") = 0u, nb::arg("block_cols") = 0, nb::arg("seed") = none,
-        nb::arg("progress") = none, "kappa(J) of one attention block (MATH.md §12), as a dict");
+        nb::arg("WV"), nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
+        nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("threads") = 0u,
+        nb::arg("block_cols") = 0, nb::arg("seed") = none, nb::arg("progress") = none,
+        "kappa(J) of one attention block (MATH.md §12), as a dict");
   m.def("theorem34", &theorem34_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"), nb::arg("WV"),
         nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("blocks") = true,
