@@ -16,10 +16,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s X.npy WQ.npy WK.npy WV.npy METHOD THREADS REPEATS\n", argv[0]);
     return 2;
   }
-  const sc::Mat<double> X = sc::read_npy(argv[1]).to_matrix();
-  const sc::Mat<double> WQ = sc::read_npy(argv[2]).to_matrix();
-  const sc::Mat<double> WK = sc::read_npy(argv[3]).to_matrix();
-  const sc::Mat<double> WV = sc::read_npy(argv[4]).to_matrix();
+  const sc::Mat<double> X = sc::io::read_npy(argv[1]).to_matrix();
+  const sc::Mat<double> WQ = sc::io::read_npy(argv[2]).to_matrix();
+  const sc::Mat<double> WK = sc::io::read_npy(argv[3]).to_matrix();
+  const sc::Mat<double> WV = sc::io::read_npy(argv[4]).to_matrix();
   sc::JacobianKappaOptions jo;
   jo.method = sc::parse_jacobian_kappa_method(argv[5]);
   jo.qr.threads = static_cast<unsigned>(std::stoul(argv[6]));

@@ -15,26 +15,27 @@ from typing import Any
 import numpy as np
 
 
-def _torch_tensor_type():
+def _torch():
     import sys
 
-    torch = sys.modules.get("torch")  # never import torch just to check a type
-    return None if torch is None else torch.Tensor
+    return sys.modules.get("torch")  # never import torch just to check a type
 
 
 def as_array(name: str, x: Any, fn: str) -> Any:
     """The object to pass to the binding for argument `name` of function `fn`."""
     if isinstance(x, np.ndarray):
         return x
-    tensor = _torch_tensor_type()
-    if tensor is not None and isinstance(x, tensor):
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise ValueError(
                 f"{fn}: {name} is a tensor on {x.device}; this build computes on the CPU only: "
                 f"pass {name}.cpu()"
             )
-        if x.is_sparse or x.layout.__repr__() != "torch.strided":
+        if x.layout != torch.strided:
             raise TypeError(f"{fn}: {name} must be a dense (strided) tensor (got {x.layout})")
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{fn}: {name} must be float32 or float64 (got {x.dtype})")
         if x.is_conj() or x.is_neg():
             x = x.resolve_conj().resolve_neg()
         view = x.detach().numpy()  # shares memory with the tensor

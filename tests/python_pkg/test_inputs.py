@@ -127,3 +127,9 @@ def test_bad_options(rng):
         sc.exact_correction(WQ, target=0.5)
     with pytest.raises(TypeError):
         sc.kappa("not an array")
+
+
+def test_torch_low_precision_is_refused_naming_it():
+    t = torch.ones((3, 3), dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"kappa: M must be float32 or float64 \(got torch.bfloat16\)"):
+        sc.kappa(t)
