@@ -1,0 +1,182 @@
+"""spectral_cond: condition numbers of attention Jacobians, from the C++ library of the same name.
+
+The functions are the library's (docs/MATH.md has every formula; docs/python.md is a tutorial):
+
+- kappa, kappa_plus, singular_values: condition numbers of any matrix (MATH.md §4)
+- attention, attention_jvp, attention_vjp: one attention block and its derivatives (§1–2)
+- attention_jacobian, attention_gram: J (or one block) and J J^T in closed form (§3)
+- kappa_jacobian: kappa(J) by dense, gram, iterative, lobpcg, qr or auto, with its accuracy (§12)
+- theorem34: every term of the paper's bound on kappa(J) and the verdict (§5)
+- exact_correction, lambda_correction, lambda_identity: the corrections (§6–7)
+
+Arrays: numpy float32/float64 (C or Fortran order; Fortran-order arrays are read in place) or
+PyTorch CPU tensors (read through a detached view). Matrices follow MATH.md §1: X is N x D,
+W_Q, W_K are D x d_k, W_V is D x d_v (a torch Linear's weight is out x in, so W = weight.T).
+Misuse raises ValueError or TypeError with the library's message. Long calls release the GIL,
+stop on Ctrl-C (KeyboardInterrupt) and report progress to `progress(fraction)` when given.
+spectral_cond.torch has the paper's method for PyTorch models and a model analysis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+from . import _core
+from ._arrays import as_array, as_mask, as_optional_array
+from ._results import (
+    AttentionGradients,
+    ConditionResult,
+    ExactCorrection,
+    JacobianConditionResult,
+    LambdaCorrection,
+    Theorem34Report,
+    condition,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionGradients",
+    "ConditionResult",
+    "ExactCorrection",
+    "JacobianConditionResult",
+    "LambdaCorrection",
+    "Theorem34Report",
+    "attention",
+    "attention_gram",
+    "attention_jacobian",
+    "attention_jvp",
+    "attention_vjp",
+    "exact_correction",
+    "kappa",
+    "kappa_jacobian",
+    "kappa_plus",
+    "lambda_correction",
+    "lambda_identity",
+    "singular_values",
+    "theorem34",
+]
+
+Mask = Union[None, str, Any]
+"""None or 'none', 'causal', or an N x N additive mask (finite values and -inf)."""
+
+Progress = Optional[Callable[[float], Any]]
+"""Called with the fraction done in [0, 1]; raising from it cancels the call."""
+
+
+def kappa(M: Any, rtol: Optional[float] = None, svd: str = "auto") -> ConditionResult:
+    """kappa(M) = sigma_1/sigma_r (+inf when numerically singular) and kappa_plus, by a dense SVD.
+
+    rtol: rank tolerance relative to sigma_1 (default max(m, n) eps of M's dtype, MATH.md §15).
+    svd: 'auto', 'jacobi', 'bdc' or 'lapack'.
+    """
+    return ConditionResult(**_core.kappa(as_array("M", M, "kappa"), rtol, svd))
+
+
+def kappa_plus(M: Any, rtol: Optional[float] = None, svd: str = "auto") -> ConditionResult:
+    """The same result as kappa(): kappa_plus, rank and rank_tol are its fields (MATH.md §4)."""
+    return kappa(M, rtol, svd)
+
+
+def singular_values(M: Any, svd: str = "auto"):
+    """Singular values of M in decreasing order (numpy array of M's dtype)."""
+    return _core.singular_values(as_array("M", M, "singular_values"), svd)
+
+
+def _qkv(fn: str, X, WQ, WK, WV):
+    return (as_array("X", X, fn), as_array("W_Q", WQ, fn), as_array("W_K", WK, fn),
+            as_array("W_V", WV, fn))
+
+
+def attention(X, WQ, WK, WV, scale: Optional[float] = None, mask: Mask = None):
+    """A = softmax(c (X W_Q)(X W_K)^T + M) X W_V, N x d_v (MATH.md §1); c defaults to 1/sqrt(d_k)."""
+    fn = "attention"
+    return _core.attention(*_qkv(fn, X, WQ, WK, WV), scale, as_mask(mask, fn))
+
+
+def attention_jvp(X, WQ, WK, WV, dWQ=None, dWK=None, dWV=None, dX=None,
+                  scale: Optional[float] = None, mask: Mask = None):
+    """dA for tangents dW_Q, dW_K, dW_V, dX (None: zero) (MATH.md §2)."""
+    fn = "attention_jvp"
+    return _core.attention_jvp(
+        *_qkv(fn, X, WQ, WK, WV), as_optional_array("dW_Q", dWQ, fn),
+        as_optional_array("dW_K", dWK, fn), as_optional_array("dW_V", dWV, fn),
+        as_optional_array("dX", dX, fn), scale, as_mask(mask, fn))
+
+
+def attention_vjp(X, WQ, WK, WV, G, scale: Optional[float] = None,
+                  mask: Mask = None) -> AttentionGradients:
+    """dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX for the cotangent G = dL/dA, N x d_v (MATH.md §2)."""
+    fn = "attention_vjp"
+    d = _core.attention_vjp(*_qkv(fn, X, WQ, WK, WV), as_array("G", G, fn), scale,
+                            as_mask(mask, fn))
+    return AttentionGradients(**d)
+
+
+def attention_jacobian(X, WQ, WK, WV, block: str = "all", scale: Optional[float] = None,
+                       mask: Mask = None):
+    """J = d vec(A) / d [vec W_Q; vec W_K; vec W_V], (N d_v) x (2 D d_k + D d_v) (MATH.md §3).
+
+    vec is column-major: row i + N q is A[i, q], column a + D b is W_Q[a, b]. block: 'all', 'q',
+    'k', 'v' (one column block) or 'x' (J_X, the Jacobian with respect to X).
+    """
+    fn = "attention_jacobian"
+    return _core.attention_jacobian(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn))
+
+
+def attention_gram(X, WQ, WK, WV, block: str = "all", scale: Optional[float] = None,
+                   mask: Mask = None):
+    """J J^T (N d_v x N d_v) of J or of one block, without forming J (MATH.md §3)."""
+    fn = "attention_gram"
+    return _core.attention_gram(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn))
+
+
+def kappa_jacobian(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
+                   scale: Optional[float] = None, mask: Mask = None,
+                   rtol: Optional[float] = None, progress: Progress = None, threads: int = 0,
+                   block_cols: int = 0, seed: Optional[int] = None) -> JacobianConditionResult:
+    """kappa(J) of one attention block, with the method used and its accuracy (MATH.md §12).
+
+    method: 'auto' (dense when small, else gram when its error eps*kappa^2 <= tol, else lobpcg
+    or qr; the note says which and why), 'dense', 'gram', 'iterative', 'lobpcg' or 'qr'.
+    threads: threads of qr's updates (0: all cores). block_cols: qr's streamed block width
+    (0: automatic). Computes in float64 whatever the inputs' dtype.
+    """
+    fn = "kappa_jacobian"
+    d = _core.kappa_jacobian(*_qkv(fn, X, WQ, WK, WV), method, tol, scale, as_mask(mask, fn),
+                             rtol, threads, block_cols, seed, progress)
+    return JacobianConditionResult(**d)
+
+
+def theorem34(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
+              scale: Optional[float] = None, mask: Mask = None, rtol: Optional[float] = None,
+              blocks: bool = True, progress: Progress = None,
+              threads: int = 0) -> Theorem34Report:
+    """Theorem 3.4 term by term: kappa and kappa_plus of X, Lambda, W_Q, W_K, W_V, P and J, the
+    bound with plain kappa (+inf: Lambda is always singular) and with kappa_plus, and the
+    verdict (MATH.md §5)."""
+    fn = "theorem34"
+    d = _core.theorem34(*_qkv(fn, X, WQ, WK, WV), method, tol, scale, as_mask(mask, fn), rtol,
+                        blocks, threads, progress)
+    for k in ("X", "Lambda", "WQ", "WK", "WV", "P", "J", "JQ", "JK", "JV"):
+        d[k] = condition(d[k])
+    return Theorem34Report(**d)
+
+
+def exact_correction(W, target: Optional[float] = None) -> ExactCorrection:
+    """C = alpha U V^T with kappa(W + C) = 2 sigma_1/(sigma_1 + sigma_r) (alpha = sigma_1), or
+    = target when a target t > 1 is given (Theorem 3.5, MATH.md §6)."""
+    return ExactCorrection(**_core.exact_correction(as_array("W", W, "exact_correction"), target))
+
+
+def lambda_correction(W, lam: float = 10.0) -> LambdaCorrection:
+    """W + lam I_k (I_k the rectangular identity of W's shape), kappa before and after, and the
+    Weyl bound (lam + s)/(lam - s), s = sigma_1(W), where it applies (MATH.md §7)."""
+    return LambdaCorrection(**_core.lambda_correction(as_array("W", W, "lambda_correction"), lam))
+
+
+def lambda_identity(D: int, heads: int, d_head: int, placement: str = "fused"):
+    """The D x (heads d_head) matrix E added as lam E to a fused projection (MATH.md §7):
+    'fused' is the rectangular identity I(D, heads d_head); 'per-head' gives each head's D x d
+    block its own I(D, d)."""
+    return _core.lambda_identity(D, heads, d_head, placement)

@@ -1,0 +1,171 @@
+"""Result objects: the library's result structs with attributes, a readable repr and to_dict().
+
+Numbers are Python floats: +inf is float('inf') (a singular matrix), NaN is float('nan') (an
+undefined value), never a large finite stand-in (MATH.md §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.6g}"
+    if isinstance(v, np.ndarray):
+        return f"<array {v.dtype} {v.shape}>"
+    if isinstance(v, _Result):
+        return v._short()
+    return repr(v)
+
+
+class _Result:
+    """Shared repr and to_dict of the result dataclasses."""
+
+    _repr_fields: tuple = ()
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, _Result):
+                v = v.to_dict()
+            out[f.metadata.get("key", f.name)] = v
+        return out
+
+    def _short(self) -> str:
+        names = self._repr_fields or tuple(f.name for f in dataclasses.fields(self))
+        return f"{type(self).__name__}(" + ", ".join(
+            f"{n}={_fmt(getattr(self, n))}" for n in names
+        ) + ")"
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}("]
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "note" and not v:
+                continue
+            lines.append(f"  {f.name}={_fmt(v)},")
+        lines.append(")")
+        return "\n".join(lines)
+
+
+@dataclass(repr=False)
+class ConditionResult(_Result):
+    """Condition numbers of one matrix with the evidence behind them (MATH.md §4).
+
+    kappa is +inf when the rank is below min(m, n); kappa_plus = sigma_max / sigma_min_plus,
+    sigma_min_plus the smallest singular value above rank_tol. accuracy: the estimated relative
+    error of sigma_min. info: 'success', 'singular', 'not_converging' or 'inaccurate'.
+    """
+
+    sigma_max: float
+    sigma_min: float
+    kappa: float
+    sigma_min_plus: float
+    kappa_plus: float
+    rank: int
+    rank_tol: float
+    method: str
+    accuracy: float
+    iterations: int
+    residual: float
+    info: str
+    note: str
+
+    _repr_fields = ("kappa", "kappa_plus", "rank", "method", "accuracy", "info")
+
+
+@dataclass(repr=False)
+class JacobianConditionResult(ConditionResult):
+    """kappa(J) of one attention block (MATH.md §12) and the setting it was computed in."""
+
+    method_requested: str = "auto"
+    tol: float = 1e-6
+    scale: float = float("nan")
+    mask: str = "none"
+    N: int = 0
+    D: int = 0
+    d_k: int = 0
+    d_v: int = 0
+
+
+@dataclass(repr=False)
+class Theorem34Report(_Result):
+    """Every term of the paper's Theorem 3.4 (MATH.md §5) and the verdicts."""
+
+    X: ConditionResult
+    Lambda: ConditionResult
+    WQ: ConditionResult
+    WK: ConditionResult
+    WV: ConditionResult
+    P: ConditionResult
+    J: ConditionResult
+    JQ: Optional[ConditionResult]
+    JK: Optional[ConditionResult]
+    JV: Optional[ConditionResult]
+    bound: float
+    bound_plus: float
+    ratio: float
+    ratio_plus: float
+    holds: bool
+    holds_plus: bool
+    vacuous: bool
+    verdict: str
+
+
+@dataclass(repr=False)
+class ExactCorrection(_Result):
+    """The exact correction C = alpha U V^T of Theorem 3.5 (MATH.md §6)."""
+
+    C: np.ndarray
+    W_corrected: np.ndarray
+    alpha: float
+    target: Optional[float]
+    kappa_before: float
+    kappa_after: float
+    kappa_predicted: float
+    corrected: bool
+    info: str
+    note: str
+
+
+@dataclass(repr=False)
+class LambdaCorrection(_Result):
+    """W + lam I_k (Theorem 3.8, MATH.md §7) with the Weyl bound and when it applies."""
+
+    W_corrected: np.ndarray
+    lam: float = field(metadata={"key": "lambda"})
+    s: float
+    kappa_before: float
+    kappa_after: float
+    isometric_addend: bool
+    weyl_applies: bool
+    weyl_bound: float
+    lambda_min: float
+    improvement_guaranteed: bool
+    info: str
+    note: str
+
+
+@dataclass(repr=False)
+class AttentionGradients(_Result):
+    """dL/dW_Q, dL/dW_K, dL/dW_V and dL/dX for a cotangent G = dL/dA (MATH.md §2)."""
+
+    dWQ: np.ndarray
+    dWK: np.ndarray
+    dWV: np.ndarray
+    dX: np.ndarray
+
+
+def condition(d: Optional[dict]) -> Optional[ConditionResult]:
+    return None if d is None else ConditionResult(**d)

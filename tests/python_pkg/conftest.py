@@ -1,0 +1,57 @@
+"""Shared helpers of the spectral_cond Python package tests (references are numpy and torch)."""
+
+import numpy as np
+import pytest
+
+EPS = np.finfo(np.float64).eps
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20251201)
+
+
+def instance(rng, N=5, D=4, dk=3, dv=2, order="F", dtype=np.float64, wscale=0.7):
+    """X (N x D), W_Q, W_K (D x dk), W_V (D x dv), in the given memory order."""
+    X = rng.standard_normal((N, D))
+    WQ = wscale * rng.standard_normal((D, dk))
+    WK = wscale * rng.standard_normal((D, dk))
+    WV = wscale * rng.standard_normal((D, dv))
+    return tuple(np.array(a, dtype=dtype, order=order) for a in (X, WQ, WK, WV))
+
+
+def np_attention(X, WQ, WK, WV, scale=None, mask=None):
+    """A = softmax(c Q K^T + M) V in numpy (MATH.md §1)."""
+    c = 1 / np.sqrt(WQ.shape[1]) if scale is None else scale
+    Q, K, V = X @ WQ, X @ WK, X @ WV
+    Z = c * Q @ K.T
+    if isinstance(mask, str) and mask == "causal":
+        Z = Z + np.triu(np.full(Z.shape, -np.inf), 1)
+    elif isinstance(mask, np.ndarray):
+        Z = Z + mask
+    Z = Z - Z.max(axis=1, keepdims=True)
+    P = np.exp(Z)
+    P /= P.sum(axis=1, keepdims=True)
+    return P @ V
+
+
+def torch_jacobian(X, WQ, WK, WV, scale=None, causal=False):
+    """J by torch.func.jacrev, in MATH.md §1's column-major convention: row i + N q for A[i, q],
+    column a + D b for W[a, b], blocks [W_Q | W_K | W_V]."""
+    import torch
+
+    Xt = torch.tensor(X, dtype=torch.float64)
+    N, D = X.shape
+    dk, dv = WQ.shape[1], WV.shape[1]
+    c = 1 / np.sqrt(dk) if scale is None else scale
+
+    def f(wq, wk, wv):
+        Z = c * (Xt @ wq) @ (Xt @ wk).T
+        if causal:
+            Z = Z + torch.triu(torch.full((N, N), float("-inf"), dtype=torch.float64), 1)
+        return torch.softmax(Z, dim=1) @ (Xt @ wv)
+
+    ws = [torch.tensor(w, dtype=torch.float64) for w in (WQ, WK, WV)]
+    jac = torch.func.jacrev(f, argnums=(0, 1, 2))(*ws)
+    blocks = [j.permute(1, 0, 3, 2).reshape(N * dv, -1).numpy() for j in jac]
+    return np.hstack(blocks)
