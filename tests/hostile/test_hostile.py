@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The hostile corpus (make_corpus.py) against `spectral-cond`.
+
+Every case must exit with its expected code (2 for all but the few valid-but-odd inputs) within
+the time limit, never crash, hang or run out of memory; a refused case prints exactly one line on
+stderr, "spectral-cond: error: ...", containing the case's `expect` substring (the file, tensor or
+argument at fault), in under MAX_SECONDS wall-clock and MAX_RSS_MB peak resident memory.
+
+Run by ctest:   python test_hostile.py --exe spectral-cond [--report FILE] [-k PATTERN]
+With pytest:    SPECTRAL_COND_EXE=... pytest tests/hostile/test_hostile.py
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hostile_run  # noqa: E402
+import make_corpus  # noqa: E402
+
+EXE = os.environ.get("SPECTRAL_COND_EXE")
+MAX_SECONDS = 1.0
+MAX_RSS_MB = 100.0
+HARD_TIMEOUT = 5.0  # a case still running then is killed and counted as a hang
+REPORT = None
+PATTERN = None
+
+
+class HostileCorpus(unittest.TestCase):
+    results = {}
+
+    @classmethod
+    def setUpClass(cls):
+        if not EXE:
+            raise unittest.SkipTest("set SPECTRAL_COND_EXE or pass --exe")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="sc-hostile-")
+        cls.cases = make_corpus.build(cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        if REPORT:
+            with open(REPORT, "w") as f:
+                json.dump(cls.results, f, indent=1)
+        cls.tmp.cleanup()
+
+    def test_corpus_size(self):
+        fmts = {}
+        for c in self.cases:
+            fmts[c["format"]] = fmts.get(c["format"], 0) + 1
+        self.assertGreaterEqual(len(self.cases), 60)
+        for f in ("npy", "npz", "safetensors", "sharded", "bin", "gguf", "cli"):
+            self.assertIn(f, fmts)
+
+    def test_cases(self):
+        worst_t, worst_m = 0.0, 0.0
+        for case in self.cases:
+            if PATTERN and PATTERN not in case["id"]:
+                continue
+            with self.subTest(case=case["id"]):
+                r = hostile_run.run(EXE, case["argv"], timeout=HARD_TIMEOUT)
+                self.results[case["id"]] = {"rc": r.returncode, "seconds": r.seconds,
+                                            "max_rss_mb": r.max_rss_mb,
+                                            "stderr": r.stderr[-300:]}
+                worst_t, worst_m = max(worst_t, r.seconds), max(worst_m, r.max_rss_mb)
+                self.check(case, r)
+        print(f"\nhostile corpus: max time {worst_t:.3f} s, max RSS {worst_m:.1f} MB",
+              file=sys.stderr)
+
+    def check(self, case, r):
+        what = f"{case['id']} ({case['note']}): {r}"
+        self.assertFalse(r.timed_out, "hang: " + what)
+        self.assertEqual(r.returncode, case["exit"], what)
+        lines = r.stderr.splitlines()
+        if case["exit"] == 2:
+            self.assertEqual(len(lines), 1, "not one line on stderr: " + what)
+            self.assertTrue(lines[0].startswith("spectral-cond: error: "), what)
+            self.assertIn(case["expect"], lines[0], "message does not name it: " + what)
+        self.assertLess(r.seconds, MAX_SECONDS, "too slow: " + what)
+        self.assertLess(r.max_rss_mb, MAX_RSS_MB, "too much memory: " + what)
+        if case["exit"] == 0 and "json" in case["argv"]:
+            kappas = list(json_values(json.loads(r.stdout), "kappa"))
+            self.assertTrue(kappas, what)
+            self.assertNotIn("nan", kappas, "a NaN kappa reported as a success: " + what)
+
+
+def json_values(doc, key):
+    """Every value of `key` anywhere in a JSON document."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k == key and not isinstance(v, (dict, list)):
+                yield v
+            yield from json_values(v, key)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from json_values(v, key)
+
+def main():
+    global EXE, REPORT, PATTERN
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--exe", required=True)
+    ap.add_argument("--report", help="write every case's exit code, time and RSS to FILE")
+    ap.add_argument("-k", dest="pattern", help="only the cases whose id contains PATTERN")
+    args, rest = ap.parse_known_args()
+    EXE, REPORT, PATTERN = os.path.abspath(args.exe), args.report, args.pattern
+    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
