@@ -7,6 +7,7 @@
 // "spectral-cond: error: <message>", on stderr.
 #pragma once
 
+#include <spectral_cond/attention.hpp>
 #include <spectral_cond/common.hpp>
 #include <spectral_cond/io/npy.hpp>
 
@@ -68,6 +69,23 @@ inline void require_shape(const std::string& path, const std::string& role, cons
   if (m.rows() != rows || m.cols() != cols)
     throw BadInput(path + ": " + role + " must be " + shape_str(rows, cols) + " (" + why +
                    "), got " + shape_str(m.rows(), m.cols()));
+}
+
+/// Throws BadInput naming `files` unless attention's forward pass (MATH.md §1) on these finite
+/// inputs is finite: logits c Q K^T beyond the range of double make P, and so J, NaN, and no
+/// method could answer; the inputs are then unusable as given, not the computation at fault.
+inline void require_finite_attention(const Mat<double>& X, const Mat<double>& WQ,
+                                     const Mat<double>& WK, const Mat<double>& WV,
+                                     const AttentionOptions<double>& opts,
+                                     const std::string& files) {
+  const AttentionCache<double> c = attention_forward(X, WQ, WK, WV, opts);
+  const char* what = !c.Q.allFinite() || !c.K.allFinite() ? "Q = X W_Q or K = X W_K"
+                     : !c.P.allFinite()                   ? "the logits c Q K^T"
+                     : !c.A.allFinite()                   ? "the attention output P X W_V"
+                                                          : nullptr;
+  if (what != nullptr)
+    throw BadInput(files + ": " + what +
+                   " overflow double (entries too large for these inputs to be analysed)");
 }
 
 /// Throws NumericalFailure unless every entry of `m` is finite.

@@ -390,6 +390,23 @@ namespace detail {
 
 /// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
 /// an InvalidInput result (with `method`) for NaN or Inf input, else empty.
+/// X = 0 makes J = 0 exactly (every block of J is linear in X, MATH.md §3): the zero matrix's
+/// result (rank 0, kappa = +inf), without running an iteration on a zero operator.
+template <typename Scalar>
+std::optional<ConditionResult<double>> zero_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                                     const CRef<Scalar>& WV,
+                                                     const JacobianKappaOptions& jo,
+                                                     const char* method) {
+  if (X.size() == 0 || X.cwiseAbs().maxCoeff() != Scalar(0)) return std::nullopt;
+  const Index rows = jacobian_rows(X.rows(), WV.cols());
+  const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
+  ConditionResult<double> res = condition_from_singular_values<double>(
+      Vec<double>::Zero(std::min(rows, cols)), rows, cols, kappa_opts(jo), method);
+  res.note = "X = 0, so J = 0: " + res.note;
+  if (jo.progress) jo.progress(1.0);
+  return res;
+}
+
 template <typename Scalar>
 std::optional<ConditionResult<double>> check_kj_inputs(
     const char* fn, const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
@@ -398,10 +415,12 @@ std::optional<ConditionResult<double>> check_kj_inputs(
   jo.check(fn);
   check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
-  if (X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite()) return std::nullopt;
-  auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
-  bad.method = method;
-  return bad;
+  if (!(X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite())) {
+    auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
+    bad.method = method;
+    return bad;
+  }
+  return zero_jacobian<Scalar>(X, WQ, WV, jo, method);
 }
 
 /// kappa_jacobian_gram on inputs in double. When `factor` is given and the Cholesky route ran
@@ -416,6 +435,14 @@ inline ConditionResult<double> gram_condition(const KJInputs& in, const Jacobian
   if (jo.progress) jo.progress(0.3);
   const Index n = G.rows();
   ConditionResult<double> res;
+  // Finite inputs can still overflow (huge logits): NaN in G must not read as a zero matrix.
+  if (!G.allFinite()) {
+    const std::string why =
+        std::string(which) + " has NaN or Inf entries (the inputs overflow double)";
+    res = invalid_condition<double>(why.c_str());
+    res.method = std::string("gram (") + which + ")";
+    return res;
+  }
   if (n <= jo.gram_eig_max) {
     Eigen::SelfAdjointEigenSolver<Mat<double>> es(G, Eigen::EigenvaluesOnly);
     res = condition_from_gram_eigenvalues(es.eigenvalues(), in.rows, in.cols, jo,
@@ -484,6 +511,7 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
                                                  const AttentionOptions<Scalar>& opts,
                                                  const JacobianKappaOptions& jo = {}) {
   jo.check("kappa_jacobian_iterative");
+  if (auto zero = detail::zero_jacobian<Scalar>(X, WQ, WV, jo, "iterative")) return *zero;
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   ConditionResult<double> res;
   auto run = [&](auto& op) {
@@ -656,6 +684,28 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
                                                  to_string(jo.method)))
     return *bad;
+  // κ(J) is the same for (X / s, W s) (Q, K, V and P do not change; J scales by 1 / s,
+  // MATH.md §3). With s the power of two at the top of max |X| the rescaling is exact, and every
+  // method then works on X of order 1: no overflow or underflow in J or J J^T from the scale of
+  // X alone, and one answer for every scale. The singular values are scaled back.
+  {
+    int e = 0;
+    (void)std::frexp(static_cast<double>(X.cwiseAbs().maxCoeff()), &e);
+    if (e != 1) {
+      const Mat<Scalar> Xs = X * static_cast<Scalar>(std::ldexp(1.0, 1 - e));
+      const Scalar up = static_cast<Scalar>(std::ldexp(1.0, e - 1));
+      const Mat<Scalar> Qs = WQ * up, Ks = WK * up, Vs = WV * up;
+      if (Xs.allFinite() && Qs.allFinite() && Ks.allFinite() && Vs.allFinite()) {
+        ConditionResult<double> r = kappa_jacobian<Scalar>(Xs, Qs, Ks, Vs, opts, jo);
+        const double s = std::ldexp(1.0, e - 1);
+        r.sigma_max *= s;
+        r.sigma_min *= s;
+        r.sigma_min_plus *= s;
+        r.rank_tol *= s;
+        return r;
+      }
+    }
+  }
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   auto qr = [&] {
     QrKappaOptions qo;

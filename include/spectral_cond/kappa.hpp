@@ -238,8 +238,16 @@ ConditionResult<Scalar> condition_from_singular_values(const CRef<Scalar>& sv, I
   ConditionResult<Scalar> res;
   res.method = method;
   if (!sv.allFinite()) return detail::invalid_condition<Scalar>("NaN or Inf singular values");
-  const Scalar inf = ScalarTraits<Scalar>::inf();
   const Index r = sv.size();
+  for (Index i = 0; i < r; ++i)
+    if (sv(i, 0) < 0 || (i > 0 && sv(i, 0) > sv(i - 1, 0)))
+      detail::fail(
+          fn, "sv must be non-negative and in decreasing order (sv(" + std::to_string(i) +
+                  ") = " + std::to_string(sv(i, 0)) +
+                  (i > 0 ? ", sv(" + std::to_string(i - 1) + ") = " + std::to_string(sv(i - 1, 0))
+                         : std::string()) +
+                  ")");
+  const Scalar inf = ScalarTraits<Scalar>::inf();
   res.sigma_max = sv(0, 0);
   res.sigma_min = sv(r - 1, 0);
   res.rank_tol = opts.resolved_rtol(m, n) * res.sigma_max;

@@ -14,16 +14,18 @@ ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", LC_ALL="C"
 
 
 class Result:
-    def __init__(self, rc, stdout, stderr, seconds, max_rss_mb, timed_out):
+    def __init__(self, rc, stdout, stderr, seconds, max_rss_mb, timed_out, cpu_seconds):
         self.returncode = rc
         self.stdout = stdout
         self.stderr = stderr
         self.seconds = seconds
         self.max_rss_mb = max_rss_mb
         self.timed_out = timed_out
+        self.cpu_seconds = cpu_seconds  # user + system time of the child itself
 
     def __repr__(self):
-        return (f"rc={self.returncode} {self.seconds:.3f}s {self.max_rss_mb:.1f}MB "
+        return (f"rc={self.returncode} {self.seconds:.3f}s wall {self.cpu_seconds:.3f}s cpu "
+                f"{self.max_rss_mb:.1f}MB "
                 f"timed_out={self.timed_out} stderr={self.stderr[-400:]!r}")
 
 
@@ -64,4 +66,4 @@ def run(exe, argv, timeout=5.0, address_space=ADDRESS_SPACE_LIMIT, on_start=None
         err.seek(0)
         return Result(p.returncode, out.read().decode("utf-8", "replace"),
                       err.read().decode("utf-8", "replace"), seconds, ru.ru_maxrss / 1024.0,
-                      timed_out)
+                      timed_out, ru.ru_utime + ru.ru_stime)
