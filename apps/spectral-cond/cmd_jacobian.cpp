@@ -14,6 +14,8 @@
 #include <spectral_cond/io/files.hpp>
 #include <spectral_cond/jacobian.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -83,6 +85,18 @@ void run_jacobian(const JacobianArgs& a) {
   const Index rows = jacobian_rows(N, dv);
   const Index cols = a.gram ? rows : jacobian_cols(block, N, D, dk, dv);
   const std::string what = block_name(block, a.gram);
+  // The size is checked before the allocation: more than the machine's memory is an input the
+  // tool cannot serve (exit 2), not an internal error.
+  const double bytes = static_cast<double>(rows) * static_cast<double>(cols) * 8.0;
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    std::ostringstream s;
+    s << a.x << ", " << a.wq << ", " << a.wv << ": " << what << " would be "
+      << shape_str(rows, cols) << " (" << bytes * 1e-9 << " GB in float64), more than this "
+      << "machine's " << memory * 1e-9 << " GB of memory";
+    throw BadInput(s.str());
+  }
   Mat<double> out;
   const auto t0 = std::chrono::steady_clock::now();
   try {

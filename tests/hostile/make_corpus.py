@@ -610,6 +610,13 @@ def cli_cases(c, g):
          "unknown flag")
     case("cli_x_wrong_shape", ["kappa", "--x", g["X"], "--wq", g["X"], "--wk", g["WK"], "--wv",
                                g["WV"]], "X.npy", "W_Q with the wrong shape")
+    rng = np.random.default_rng(9)
+    big = {k: c.write(f"cli/{k}_big.npy", npy_bytes(rng.standard_normal(sh)))
+           for k, sh in (("X", (200, 400)), ("WQ", (400, 400)), ("WK", (400, 400)),
+                         ("WV", (400, 400)))}
+    case("cli_jacobian_too_big", ["jacobian", "--x", big["X"], "--wq", big["WQ"], "--wk", big["WK"],
+                                  "--wv", big["WV"], "--out", c.path("cli/J_big.npy")],
+         "X_big.npy", "J of 80000 x 480000 (307 GB): refused before the allocation")
     case("cli_zero_x", ["kappa", "--x", c.write("cli/X_zero.npy", npy_bytes(np.zeros((4, 3)))),
                         "--wq", g["WQ"], "--wk", g["WK"], "--wv", g["WV"], "--method", "lobpcg"],
          "", "X = 0: J = 0, kappa = inf, never an internal error")

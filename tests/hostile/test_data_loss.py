@@ -142,50 +142,60 @@ class DataLoss(unittest.TestCase):
         self.assertEqual(changed, [], f"{what}: changed {changed}: {r}")
 
     def check_outputs(self, cmd, argv, inputs):
-        for what, target in self.targets(inputs):
+        """`argv` and `inputs` are functions of self.p: every target gets a fresh work directory,
+        so that one destroyed input cannot hide the next case."""
+        for k in range(len(self.targets(inputs()))):
+            if k > 0:
+                self.tearDown()
+                self.setUp()
+            what, target = self.targets(inputs())[k]
             with self.subTest(cmd=cmd, out=what):
-                self.refused([*argv, "--out", target], f"{cmd} --out {what} ({target})")
+                self.refused([*argv(), "--out", target], f"{cmd} --out {what} ({target})")
 
     # --- every writing subcommand, --out onto what it must not replace -----------------------
 
     def test_kappa_matrix(self):
-        self.check_outputs("kappa --matrix", ["kappa", "--matrix", self.p["M"], "--quiet"],
-                           [self.p["M"]])
+        self.check_outputs("kappa --matrix",
+                           lambda: ["kappa", "--matrix", self.p["M"], "--quiet"],
+                           lambda: [self.p["M"]])
 
     def test_kappa_attention(self):
-        self.check_outputs("kappa --x", ["kappa", *self.att, "--quiet"],
-                           [self.p["X"], self.p["WQ"], self.p["WK"], self.p["WV"]])
+        self.check_outputs("kappa --x", lambda: ["kappa", *self.att, "--quiet"],
+                           lambda: [self.p["X"], self.p["WQ"], self.p["WK"], self.p["WV"]])
 
     def test_jacobian(self):
-        self.check_outputs("jacobian", ["jacobian", *self.att],
-                           [self.p["X"], self.p["WQ"], self.p["WK"], self.p["WV"]])
+        self.check_outputs("jacobian", lambda: ["jacobian", *self.att],
+                           lambda: [self.p["X"], self.p["WQ"], self.p["WK"], self.p["WV"]])
 
     def test_analyze(self):
-        self.check_outputs("analyze", ["analyze", self.p["model"], "--quiet"],
-                           [self.p["model"], self.p["config"]])
+        self.check_outputs("analyze", lambda: ["analyze", self.p["model"], "--quiet"],
+                           lambda: [self.p["model"], self.p["config"]])
 
     def test_analyze_inputs(self):
-        x8 = self.p["X"]
         self.check_outputs("analyze --inputs",
-                           ["analyze", self.p["model"], "--jacobian", "--inputs", x8, "--quiet"],
-                           [x8])
+                           lambda: ["analyze", self.p["model"], "--jacobian", "--inputs",
+                                    self.p["X"], "--quiet"],
+                           lambda: [self.p["X"]])
 
     def test_analyze_sharded(self):
-        self.check_outputs("analyze sharded", ["analyze", self.p["index"], "--heads", "2",
-                                               "--quiet"],
-                           [self.p["index"], self.p["shard_a"], self.p["shard_b"]])
+        self.check_outputs("analyze sharded",
+                           lambda: ["analyze", self.p["index"], "--heads", "2", "--quiet"],
+                           lambda: [self.p["index"], self.p["shard_a"], self.p["shard_b"]])
 
     def test_correct(self):
-        self.check_outputs("correct", ["correct", self.p["model"], "--method", "lambda",
-                                       "--quiet"], [self.p["model"], self.p["config"]])
+        self.check_outputs("correct",
+                           lambda: ["correct", self.p["model"], "--method", "lambda", "--quiet"],
+                           lambda: [self.p["model"], self.p["config"]])
 
     def test_correct_sharded(self):
-        self.check_outputs("correct sharded", ["correct", self.p["index"], "--heads", "2",
-                                               "--method", "exact", "--quiet"],
-                           [self.p["index"], self.p["shard_a"], self.p["shard_b"]])
+        self.check_outputs("correct sharded",
+                           lambda: ["correct", self.p["index"], "--heads", "2", "--method",
+                                    "exact", "--quiet"],
+                           lambda: [self.p["index"], self.p["shard_a"], self.p["shard_b"]])
 
     def test_verify(self):
-        self.check_outputs("verify", ["verify", "--instances-per-regime", "1", "--quiet"], [])
+        self.check_outputs("verify", lambda: ["verify", "--instances-per-regime", "1", "--quiet"],
+                           lambda: [])
 
     def test_verify_dump_onto_file(self):
         self.refused(["verify", "--instances-per-regime", "2", "--quiet", "--dump", self.p["old"]],
