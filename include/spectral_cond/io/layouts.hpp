@@ -174,14 +174,18 @@ inline std::vector<AttentionLayerSpec> match_separate(const std::vector<NamedSha
                                                       const std::string& suffix,
                                                       const std::string& file) {
   std::map<std::string, std::pair<std::string, const NamedShape*>> queries;  // prefix -> (num, q)
-  std::unordered_map<std::string, const NamedShape*> by_name;  // linear, not quadratic, lookups
   const std::string q_suffix = names[0] + suffix;
   for (const NamedShape& t : ts) {
-    by_name.emplace(t.name, &t);
     std::smatch m;
     if (name_ends_with(t.name, q_suffix.c_str()) && std::regex_match(t.name, m, re) &&
         m[3].str() == names[0])
       queries[m[1].str()] = {m[2].str(), &t};
+  }
+  // Name lookups through a hash map (linear, not quadratic), built only when there is a query.
+  std::unordered_map<std::string, const NamedShape*> by_name;
+  if (!queries.empty()) {
+    by_name.reserve(ts.size());
+    for (const NamedShape& t : ts) by_name.emplace(t.name, &t);
   }
   auto find_tensor = [&](const std::string& n) -> const NamedShape* {
     auto it = by_name.find(n);
