@@ -71,9 +71,10 @@ inline void require_shape(const std::string& path, const std::string& role, cons
                    "), got " + shape_str(m.rows(), m.cols()));
 }
 
-/// Throws BadInput naming `files` unless attention's forward pass (MATH.md §1) on these finite
-/// inputs is finite: logits c Q K^T beyond the range of double make P, and so J, NaN, and no
-/// method could answer; the inputs are then unusable as given, not the computation at fault.
+/// Throws NumericalFailure (exit 3) naming `files` unless attention's forward pass (MATH.md §1)
+/// on these finite inputs is finite: logits c Q K^T beyond the range of double make P, and so J,
+/// NaN, and no method could answer. Checked before κ(J) is computed, so that no result (and no
+/// verdict of Theorem 3.4) is ever drawn from NaN.
 inline void require_finite_attention(const Mat<double>& X, const Mat<double>& WQ,
                                      const Mat<double>& WK, const Mat<double>& WV,
                                      const AttentionOptions<double>& opts,
@@ -84,8 +85,9 @@ inline void require_finite_attention(const Mat<double>& X, const Mat<double>& WQ
                      : !c.A.allFinite()                   ? "the attention output P X W_V"
                                                           : nullptr;
   if (what != nullptr)
-    throw BadInput(files + ": " + what +
-                   " overflow double (entries too large for these inputs to be analysed)");
+    throw NumericalFailure(files + ": " + what +
+                           " overflow double: NaN or Inf in the attention, so J has NaN or Inf "
+                           "entries (are the inputs very large?)");
 }
 
 /// Throws NumericalFailure unless every entry of `m` is finite.

@@ -218,10 +218,12 @@ def npy_cases(c, g):
     xbig = c.write("npy/X_overflow.npy", npy_bytes(np.full((4, 3), 1e200)))
     c.add("npy_overflow_logits", "npy",
           ["kappa", "--x", xbig, "--wq", g["WQ"], "--wk", g["WK"], "--wv", g["WV"], "--bound"],
-          "X_overflow.npy", note="finite X whose logits overflow: no verdict from NaNs")
+          "X_overflow.npy", exit=3, note="finite X whose logits overflow: a numerical failure "
+          "(exit 3, docs/cli.md) naming the inputs, never a verdict drawn from NaN")
     c.add("npy_overflow_logits_gram", "npy",
           ["kappa", "--x", xbig, "--wq", g["WQ"], "--wk", g["WK"], "--wv", g["WV"], "--method",
-           "gram"], "X_overflow.npy", note="finite X whose J is NaN: not a 'zero matrix'")
+           "gram"], "X_overflow.npy", exit=3, note="finite X whose J is NaN: exit 3, never a "
+          "'zero matrix'")
     huge = c.write("npy/M_huge.npy", npy_bytes(np.full((3, 2), 1e300) * np.array([[1, 2]])))
     c.add("npy_overflow_matrix", "npy", ["kappa", "--matrix", huge], "M_huge.npy", exit=0,
           note="entries 1e300: kappa is scale-invariant, must be finite and right (exit 0)")

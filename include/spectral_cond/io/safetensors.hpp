@@ -282,6 +282,7 @@ inline std::string unsupported_message(const std::string& path, const char* what
 /// writes them), so that the message says what the file is rather than how its first 8 bytes
 /// fail as a header length.
 inline void refuse_other_formats(const std::uint8_t* p, std::size_t n, const std::string& name) {
+  if (n >= 9 && p[8] == '{') return;  // a safetensors header starts there, whatever its length
   if (n >= 4 && std::memcmp(p, "GGUF", 4) == 0)
     throw IoError(unsupported_message(name, "a GGUF file"));
   if ((n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) ||
