@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <set>
 #include <string>
 #include <vector>
 
@@ -30,31 +29,35 @@ inline std::string json_error_text(const std::exception& e) {
 
 namespace detail {
 
-/// A SAX pass over the text that records the first duplicate key (and the keys above it) and
-/// whether the nesting exceeds kMaxJsonDepth; linear in the text (nlohmann's callback parser is
-/// not: it is quadratic in the number of keys of an object).
-class StrictJsonChecker {
+/// A SAX handler that builds the document, like nlohmann's own DOM parser, and checks each key
+/// against the object it goes into (one lookup in that object's map) and the nesting depth:
+/// one linear pass. (nlohmann's callback parser, the other way to see every key, is quadratic in
+/// the number of keys of an object.)
+class StrictJsonBuilder {
  public:
   using json = nlohmann::json;
-  bool null() { return value(); }
-  bool boolean(bool) { return value(); }
-  bool number_integer(json::number_integer_t) { return value(); }
-  bool number_unsigned(json::number_unsigned_t) { return value(); }
-  bool number_float(json::number_float_t, const json::string_t&) { return value(); }
-  bool string(json::string_t&) { return value(); }
-  bool binary(json::binary_t&) { return value(); }
-  bool start_object(std::size_t) { return open(true); }
+  explicit StrictJsonBuilder(json& root) : root_(root) {}
+
+  bool null() { return put(json(nullptr)); }
+  bool boolean(bool v) { return put(json(v)); }
+  bool number_integer(json::number_integer_t v) { return put(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(json(v)); }
+  bool string(json::string_t& v) { return put(json(std::move(v))); }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))); }
+  bool start_object(std::size_t) { return open(json::object()); }
+  bool start_array(std::size_t) { return open(json::array()); }
   bool end_object() { return close(); }
-  bool start_array(std::size_t) { return open(false); }
   bool end_array() { return close(); }
   bool key(json::string_t& k) {
-    if (!frames_.empty() && frames_.back().is_object && !frames_.back().keys.insert(k).second) {
+    json& obj = *stack_.back();
+    if (obj.contains(k)) {
       duplicate = k;
-      for (std::size_t i = 1; i < frames_.size(); ++i)
-        where += (where.empty() ? " in " : " / ") + quote(frames_[i].name);
+      for (std::size_t i = 1; i < names_.size(); ++i)
+        where += (where.empty() ? " in " : " / ") + quote(names_[i]);
       return false;  // stop: the duplicate is the error
     }
-    last_key_ = k;
+    key_ = std::move(k);
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) {
@@ -66,50 +69,67 @@ class StrictJsonChecker {
   bool too_deep = false;
 
  private:
-  struct Frame {
-    bool is_object;
-    std::string name;  // the key that opened it
-    std::set<std::string> keys;
-  };
-  bool value() { return true; }
-  bool open(bool is_object) {
-    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
+  /// Puts v where the parser is (the root, the pending key of an object, the end of an array);
+  /// returns where it went.
+  json* place(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_object()) return &(top[key_] = std::move(v));
+    top.push_back(std::move(v));
+    return &top.back();
+  }
+  bool put(json&& v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(json&& v) {
+    if (stack_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
       too_deep = true;
       return false;
     }
-    frames_.push_back({is_object, last_key_, {}});
+    const bool in_object = !stack_.empty() && stack_.back()->is_object();
+    names_.push_back(in_object ? key_ : std::string());
+    stack_.push_back(place(std::move(v)));
     return true;
   }
   bool close() {
-    if (!frames_.empty()) frames_.pop_back();
+    stack_.pop_back();
+    names_.pop_back();
     return true;
   }
-  std::vector<Frame> frames_;
-  std::string last_key_;
+
+  json& root_;
+  std::vector<json*> stack_;        // the open objects and arrays, innermost last
+  std::vector<std::string> names_;  // the key each was opened under ("" in an array)
+  std::string key_;
 };
 
 }  // namespace detail
 
 /// Parses [begin, end) as JSON, rejecting duplicate keys in any object and nesting deeper than
 /// kMaxJsonDepth. Throws IoError("<label>: <what>: ...") naming the duplicate key and where it
-/// is (the chain of keys above it, e.g. "in 'weight_map'"). Two linear passes: a SAX check,
-/// then nlohmann's parser.
+/// is (the chain of keys above it, e.g. "in 'weight_map'"). One linear pass.
 inline nlohmann::json parse_json_strict(const char* begin, const char* end,
                                         const std::string& label) {
-  detail::StrictJsonChecker check;
-  const bool ok = nlohmann::json::sax_parse(begin, end, &check);
-  if (check.too_deep)
-    throw IoError(label + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  if (!check.duplicate.empty())
-    throw IoError(label + ": duplicate key " + detail::quote(check.duplicate) + check.where);
-  if (!ok || !check.error.empty())
-    throw IoError(label + ": not valid JSON: " +
-                  (check.error.empty() ? std::string("parse failed") : check.error));
+  nlohmann::json root;
+  detail::StrictJsonBuilder b(root);
+  bool ok = false;
   try {
-    return nlohmann::json::parse(begin, end);
+    ok = nlohmann::json::sax_parse(begin, end, &b);
   } catch (const nlohmann::json::exception& ex) {
     throw IoError(label + ": not valid JSON: " + detail::json_error_text(ex));
   }
+  if (b.too_deep)
+    throw IoError(label + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!b.duplicate.empty())
+    throw IoError(label + ": duplicate key " + detail::quote(b.duplicate) + b.where);
+  if (!ok || !b.error.empty())
+    throw IoError(label +
+                  ": not valid JSON: " + (b.error.empty() ? std::string("parse failed") : b.error));
+  return root;
 }
 
 }  // namespace io

@@ -1,3 +1,4 @@
+// clang-format off
 // spectral_cond::io: where W_Q, W_K and W_V live in the checkpoints of common model families
 // (MATH.md §8), detected from tensor names, and how many heads split them.
 //
@@ -5,12 +6,12 @@
 // |------------|-------------------------------------------------|--------------------------------|
 // | torch-mha  | …in_proj_weight                                 | 3D x D, rows Q, K, V (Linear)  |
 // | timm       | blocks.i.attn.qkv.weight                        | 3D x D, rows Q, K, V (Linear)  |
-// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each
-// | | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V
-// | | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer
-// heads |
+// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each |
+// | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V |
+// | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer heads |
 //
 // A Linear weight is out x in, so W = weight^T; GPT-2's Conv1D is already in x out.
+// clang-format on
 #pragma once
 
 #include "spectral_cond/common.hpp"
