@@ -131,6 +131,50 @@ TEST_CASE("NaN input is InvalidInput, float inputs work, bad options throw") {
   CHECK(parse_jacobian_kappa_method("qr") == JacobianKappaMethod::Qr);
 }
 
+TEST_CASE("finite inputs that overflow: gram says InvalidInput, never a zero matrix") {
+  Inst in = make(4, 5, 2, 2, 8, 0.5);
+  const Mat<double> X = in.X * 1e200;  // logits ~1e400: P, and so J, are NaN
+  for (const auto m : {JacobianKappaMethod::Gram, JacobianKappaMethod::Dense}) {
+    JacobianKappaOptions jo;
+    jo.method = m;
+    const auto r = kappa_jacobian(X, in.WQ, in.WK, in.WV, in.opts, jo);
+    CHECK(r.info != Info::Success);
+    CHECK(r.note.find("zero matrix") == std::string::npos);
+  }
+}
+
+TEST_CASE("X = 0: J = 0 for every method, kappa = +inf, no exception") {
+  Inst in = make(4, 5, 2, 2, 8, 0.5);
+  const Mat<double> X = Mat<double>::Zero(in.X.rows(), in.X.cols());
+  for (const auto m :
+       {JacobianKappaMethod::Dense, JacobianKappaMethod::Gram, JacobianKappaMethod::Iterative,
+        JacobianKappaMethod::Qr, JacobianKappaMethod::Lobpcg, JacobianKappaMethod::Auto}) {
+    JacobianKappaOptions jo;
+    jo.method = m;
+    const auto r = kappa_jacobian(X, in.WQ, in.WK, in.WV, in.opts, jo);
+    CHECK(r.rank == 0);
+    CHECK(r.kappa == std::numeric_limits<double>::infinity());
+    CHECK(r.info == Info::Singular);
+  }
+}
+
+TEST_CASE("kappa(J) is the same for (X t, W / t) at extreme t, for every method") {
+  Inst in = make(4, 5, 2, 2, 8, 0.5);
+  for (const auto m :
+       {JacobianKappaMethod::Dense, JacobianKappaMethod::Gram, JacobianKappaMethod::Iterative,
+        JacobianKappaMethod::Qr, JacobianKappaMethod::Lobpcg}) {
+    JacobianKappaOptions jo;
+    jo.method = m;
+    const auto ref = kappa_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+    for (const double t : {std::ldexp(1.0, -700), std::ldexp(1.0, 700)}) {
+      const Mat<double> Xt = in.X * t, Qt = in.WQ / t, Kt = in.WK / t, Vt = in.WV / t;
+      const auto r = kappa_jacobian(Xt, Qt, Kt, Vt, in.opts, jo);
+      CHECK(r.kappa == doctest::Approx(ref.kappa).epsilon(1e-12));
+      CHECK(r.sigma_max == doctest::Approx(ref.sigma_max * t).epsilon(1e-12));
+    }
+  }
+}
+
 TEST_CASE("gram by Lanczos and Cholesky agrees with gram by a full eigensolve") {
   Inst in = make(7, 9, 4, 3, 12, 0.5);
   JacobianKappaOptions jo;

@@ -238,6 +238,19 @@ TEST_CASE_TEMPLATE("rtol decides the rank, hence whether kappa is finite", Scala
   CHECK(kappa(D3).info == Info::Singular);  // default tolerance: numerically singular
 }
 
+TEST_CASE("condition_from_singular_values refuses values out of order or negative") {
+  // [1, 2] would otherwise give kappa = sv(0) / sv(1) = 0.5, below the lower bound 1.
+  Vec<double> up(2);
+  up << 1, 2;
+  CHECK_THROWS_AS(condition_from_singular_values<double>(up, 2, 2), std::invalid_argument);
+  Vec<double> neg(2);
+  neg << 2, -1;
+  CHECK_THROWS_AS(condition_from_singular_values<double>(neg, 2, 2), std::invalid_argument);
+  Vec<double> ok(2);
+  ok << 2, 2;  // equal values are in order
+  CHECK(condition_from_singular_values<double>(ok, 2, 2).kappa == 1.0);
+}
+
 TEST_CASE("condition_from_singular_values applies the same rules to given values") {
   Vec<double> sv(3);
   sv << 4.0, 2.0, 0.5;

@@ -43,10 +43,10 @@ struct AnalysisOptions {
   double tol = 1e-6;
   std::optional<double> scale;  ///< logit scale; none: 1/sqrt(d_k)
   bool causal = false;
-  bool blocks = false;                    ///< also κ(J_Q), κ(J_K), κ(J_V)
-  std::set<std::int64_t> jacobian_heads;  ///< heads for κ(J); empty: all
-  bool verbose = false;                   ///< log every tensor read on stderr
-  std::string device = "cpu";             ///< cuda: κ(J) of the heads batched on the GPU
+  bool blocks = false;            ///< also κ(J_Q), κ(J_K), κ(J_V)
+  IndexSelection jacobian_heads;  ///< heads for κ(J); empty: all
+  bool verbose = false;           ///< log every tensor read on stderr
+  std::string device = "cpu";     ///< cuda: κ(J) of the heads batched on the GPU
 };
 
 /// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
@@ -150,10 +150,11 @@ inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Addend& A, dou
 /// The statistics of W (D x width) or of one head's block of it. `E_fused` and `E_per_head`
 /// are the matching blocks of the two placements of MATH.md §7; `same_placements` skips the
 /// second SVD when they are equal (one head, or head 0).
-inline MatrixStats matrix_stats(const std::string& role, const std::string& tensor, io::Dtype dtype,
-                                const Mat<double>& W, const detail_an::Addend& E_fused,
-                                const detail_an::Addend& E_per_head, bool same_placements,
-                                double lambda, const std::optional<double>& target) {
+inline MatrixStats matrix_stats_unscaled(const std::string& role, const std::string& tensor,
+                                         io::Dtype dtype, const Mat<double>& W,
+                                         const detail_an::Addend& E_fused,
+                                         const detail_an::Addend& E_per_head, bool same_placements,
+                                         double lambda, const std::optional<double>& target) {
   MatrixStats m;
   m.role = role;
   m.tensor = tensor;
@@ -171,6 +172,31 @@ inline MatrixStats matrix_stats(const std::string& role, const std::string& tens
   m.per_head = same_placements
                    ? m.fused
                    : detail_an::corrected_kappa(W, E_per_head, lambda, m.cond.sigma_max);
+  return m;
+}
+
+/// The statistics of W (see matrix_stats_unscaled), computed on W / s and λ / s with s the power
+/// of two at the top of max |W_ij|: every κ (of W, of W + λ E, of W + C) and the Weyl bound are
+/// unchanged by that scaling (MATH.md §4, §6, §7) and the scaling is exact, so weights near the
+/// overflow or underflow threshold of double give the same κ as moderate ones; the singular
+/// values and α are scaled back.
+inline MatrixStats matrix_stats(const std::string& role, const std::string& tensor, io::Dtype dtype,
+                                const Mat<double>& W, const detail_an::Addend& E_fused,
+                                const detail_an::Addend& E_per_head, bool same_placements,
+                                double lambda, const std::optional<double>& target) {
+  int e = 1;
+  const double wmax = W.size() > 0 ? W.cwiseAbs().maxCoeff() : 0.0;
+  if (wmax > 0) (void)std::frexp(wmax, &e);
+  if (e == 1)
+    return matrix_stats_unscaled(role, tensor, dtype, W, E_fused, E_per_head, same_placements,
+                                 lambda, target);
+  const double down = std::ldexp(1.0, 1 - e), s = std::ldexp(1.0, e - 1);
+  MatrixStats m = matrix_stats_unscaled(role, tensor, dtype, Mat<double>(W * down), E_fused,
+                                        E_per_head, same_placements, lambda * down, target);
+  for (double* x : {&m.cond.sigma_max, &m.cond.sigma_min, &m.cond.sigma_min_plus, &m.cond.rank_tol,
+                    &m.fused.sigma_max, &m.fused.sigma_min, &m.per_head.sigma_max,
+                    &m.per_head.sigma_min, &m.exact_alpha})
+    *x *= s;
   return m;
 }
 
@@ -205,22 +231,21 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   }
   rep.head_config = hc;
 
-  const std::set<std::int64_t> sel = parse_layer_selection(o.layers);
+  const IndexSelection sel = IndexSelection::parse(o.layers, "--layers");
+  std::vector<std::int64_t> indices;
+  for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
+  sel.require_within(indices, "attention layer", path);
   std::vector<const io::AttentionLayerSpec*> todo;
   for (const auto& L : match.layers)
-    if (sel.empty() || sel.count(L.index)) todo.push_back(&L);
-  for (std::int64_t i : sel) {
-    bool found = false;
-    for (const auto& L : match.layers) found = found || L.index == i;
-    if (!found)
-      throw BadInput(path + ": --layers: there is no attention layer " + std::to_string(i) +
-                     " (the checkpoint has " + std::to_string(match.layers.size()) + ")");
-  }
+    if (sel.contains(L.index)) todo.push_back(&L);
 
   // The inputs X of the Jacobian analysis.
   Mat<double> X;
   if (o.jacobian && !o.inputs.empty()) {
     X = load_matrix(o.inputs, "X");
+    if (X.rows() < 1 || X.cols() < 1)
+      throw BadInput(o.inputs + ": X must be N x D with N, D >= 1 (got " +
+                     shape_str(X.rows(), X.cols()) + ")");
     rep.inputs = o.inputs;
   } else if (o.jacobian) {
     if (o.tokens < 1)
@@ -230,15 +255,20 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
 
   // Heads of every selected layer, checked before any tensor is read.
   std::vector<io::LayerHeads> lh;
-  for (const auto* L : todo) lh.push_back(io::resolve_heads(*L, hc, path));
+  for (const auto* L : todo) {
+    lh.push_back(io::resolve_heads(*L, hc, path));
+    if (o.jacobian) {
+      std::vector<std::int64_t> heads(static_cast<std::size_t>(lh.back().heads));
+      for (std::size_t h = 0; h < heads.size(); ++h) heads[h] = static_cast<std::int64_t>(h);
+      o.jacobian_heads.require_within(heads, "head", path + ": layer " + std::to_string(L->index));
+    }
+  }
 
   double units = 0, done = 0;
   for (std::size_t i = 0; i < todo.size(); ++i) {
     units += 1;
     if (o.jacobian)
-      units += static_cast<double>(o.jacobian_heads.empty()
-                                       ? lh[i].heads
-                                       : static_cast<std::int64_t>(o.jacobian_heads.size()));
+      for (std::int64_t h = 0; h < lh[i].heads; ++h) units += o.jacobian_heads.contains(h) ? 1 : 0;
   }
   auto tick = [&](double n) {
     done += n;
@@ -332,7 +362,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
       if (o.device == "cuda") {
         std::vector<Mat<double>> qs, kvs_k, kvs_v;
         for (Index h = 0; h < H.heads; ++h) {
-          if (!o.jacobian_heads.empty() && !o.jacobian_heads.count(h)) continue;
+          if (!o.jacobian_heads.contains(h)) continue;
           const Index g = h / group;
           qs.push_back(WQ.middleCols(h * H.d_k, H.d_k));
           kvs_k.push_back(WK.middleCols(g * H.d_k, H.d_k));
@@ -344,7 +374,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
       }
       std::size_t next_device = 0;
       for (Index h = 0; h < H.heads; ++h) {
-        if (!o.jacobian_heads.empty() && !o.jacobian_heads.count(h)) continue;
+        if (!o.jacobian_heads.contains(h)) continue;
         if (!device_J.empty()) bo.jacobian_result = &device_J[next_device++];
         const Index g = h / group;
         const auto t0 = std::chrono::steady_clock::now();
@@ -353,6 +383,10 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         js.kv_head = g;
         const Mat<double> q = WQ.middleCols(h * H.d_k, H.d_k), k = WK.middleCols(g * H.d_k, H.d_k),
                           v = WV.middleCols(g * H.d_v, H.d_v);
+        require_finite_attention(X, q, k, v, ao,
+                                 src.file_of(L.q.tensor) + ": layer " + std::to_string(L.index) +
+                                     " head " + std::to_string(h) + " (tensor " +
+                                     io::detail::quote(L.q.tensor) + ")");
         js.report = theorem34<double>(X, q, k, v, ao, bo);
         if (js.report.J.info == Info::InvalidInput)
           throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +

@@ -3,6 +3,7 @@
 
 #include "analysis.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -28,8 +29,10 @@ inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
   cmd->add_option("--layers", o.layers, "layers to analyse, e.g. 0,3,5-7 (default all)");
   cmd->add_flag("--jacobian", o.jacobian, "also kappa(J) and Theorem 3.4 for every head");
   cmd->add_option("--inputs", o.inputs, "X for --jacobian: N x D .npy (default: --tokens)");
-  cmd->add_option("--tokens", o.tokens, "N synthetic LayerNorm-like tokens (default 64)");
-  cmd->add_option("--seed", o.seed, "seed of the synthetic tokens (default 0)");
+  cmd->add_option("--tokens", o.tokens, "N synthetic LayerNorm-like tokens (default 64)")
+      ->check(CLI::Range(1LL, kMaxTokens));
+  cmd->add_option("--seed", o.seed, "seed of the synthetic tokens (default 0)")
+      ->check(unsigned_integer());
   cmd->add_option("--tol", o.tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
   cmd->add_flag("--blocks", o.blocks, "with --jacobian, also kappa(J_Q), kappa(J_K), kappa(J_V)");
   cmd->add_flag("--verbose", o.verbose, "log every tensor read (and its file) on stderr");

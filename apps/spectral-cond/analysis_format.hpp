@@ -150,7 +150,7 @@ inline std::string reports_json(const std::vector<CheckpointReport>& reps) {
   const nlohmann::json doc = {{"tool", "spectral-cond analyze"},
                               {"format_version", kAnalyzeFormatVersion},
                               {"checkpoints", all}};
-  return doc.dump(2) + "\n";
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 namespace detail_fmt {

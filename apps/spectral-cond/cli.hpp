@@ -7,6 +7,7 @@
 // "spectral-cond: error: <message>", on stderr.
 #pragma once
 
+#include <spectral_cond/core/attention.hpp>
 #include <spectral_cond/core/common.hpp>
 #include <spectral_cond/io/npy.hpp>
 
@@ -68,6 +69,25 @@ inline void require_shape(const std::string& path, const std::string& role, cons
   if (m.rows() != rows || m.cols() != cols)
     throw BadInput(path + ": " + role + " must be " + shape_str(rows, cols) + " (" + why +
                    "), got " + shape_str(m.rows(), m.cols()));
+}
+
+/// Throws NumericalFailure (exit 3) naming `files` unless attention's forward pass (MATH.md §1)
+/// on these finite inputs is finite: logits c Q K^T beyond the range of double make P, and so J,
+/// NaN, and no method could answer. Checked before κ(J) is computed, so that no result (and no
+/// verdict of Theorem 3.4) is ever drawn from NaN.
+inline void require_finite_attention(const Mat<double>& X, const Mat<double>& WQ,
+                                     const Mat<double>& WK, const Mat<double>& WV,
+                                     const AttentionOptions<double>& opts,
+                                     const std::string& files) {
+  const AttentionCache<double> c = attention_forward(X, WQ, WK, WV, opts);
+  const char* what = !c.Q.allFinite() || !c.K.allFinite() ? "Q = X W_Q or K = X W_K"
+                     : !c.P.allFinite()                   ? "the logits c Q K^T"
+                     : !c.A.allFinite()                   ? "the attention output P X W_V"
+                                                          : nullptr;
+  if (what != nullptr)
+    throw NumericalFailure(files + ": " + what +
+                           " overflow double: NaN or Inf in the attention, so J has NaN or Inf "
+                           "entries (are the inputs very large?)");
 }
 
 /// Throws NumericalFailure unless every entry of `m` is finite.

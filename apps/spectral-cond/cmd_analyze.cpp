@@ -54,8 +54,18 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set) {
   require_device(a.device, o.method);
   o.device = a.device;
   o.causal = a.mask == "causal";
-  o.jacobian_heads = parse_layer_selection(a.jacobian_heads);
+  o.jacobian_heads = IndexSelection::parse(a.jacobian_heads, "--jacobian-heads");
 
+  // Before anything is computed: --out may replace only a regular file that is no input (the
+  // checkpoints, their config.json, --inputs; shards are checked as they are found).
+  if (!a.out.empty()) {
+    std::vector<std::string> inputs = a.checkpoints;
+    for (const std::string& c : a.checkpoints)
+      inputs.push_back(io::detail::join_path(
+          io::detail::is_directory(c) ? c : io::detail::dir_of(c), "config.json"));
+    if (!o.inputs.empty()) inputs.push_back(o.inputs);
+    io::check_output_target(a.out, inputs);
+  }
   std::vector<CheckpointReport> reps;
   for (std::size_t i = 0; i < a.checkpoints.size(); ++i) {
     Progress bar("analyze " + a.checkpoints[i], !a.quiet);

@@ -102,9 +102,12 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     target = a.target;
   }
   const CheckpointSource src(a.checkpoint);
-  for (const std::string& f : input_files(src))
+  std::vector<std::string> inputs = input_files(src);
+  inputs.push_back(io::detail::join_path(src.directory(), "config.json"));
+  for (const std::string& f : inputs)
     if (f == a.out || same_file(f, a.out))
       throw BadInput(a.out + ": refusing to overwrite the input checkpoint (" + f + ")");
+  io::check_output_target(a.out, inputs);  // and never a link, a device or a directory
 
   const io::LayoutMatch match =
       io::detect_layers(src.layout_view(), io::parse_layout(a.layout), a.checkpoint);
@@ -118,19 +121,16 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
     if (a.kv_heads > 0) hc.kv_heads = a.kv_heads;
   }
-  const std::set<std::int64_t> sel = parse_layer_selection(a.layers);
-  for (std::int64_t i : sel) {
-    bool found = false;
-    for (const auto& L : match.layers) found = found || L.index == i;
-    if (!found)
-      throw BadInput(a.checkpoint + ": --layers: there is no attention layer " + std::to_string(i));
-  }
+  const IndexSelection sel = IndexSelection::parse(a.layers, "--layers");
+  std::vector<std::int64_t> indices;
+  for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
+  sel.require_within(indices, "attention layer", a.checkpoint);
 
   // The corrected tensors, encoded in their dtype. Layer by layer: one layer's tensors in memory.
   std::map<std::string, std::vector<std::uint8_t>> modified;
   std::vector<const io::AttentionLayerSpec*> todo;
   for (const auto& L : match.layers)
-    if (sel.empty() || sel.count(L.index)) todo.push_back(&L);
+    if (sel.contains(L.index)) todo.push_back(&L);
   Progress bar("correct " + a.checkpoint, !a.quiet);
   std::size_t n_done = 0;
   for (const io::AttentionLayerSpec* Lp : todo) {
@@ -159,8 +159,12 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     fix(L.q, H.heads, H.d_k);
     fix(L.k, H.kv_heads, H.d_k);
     fix(L.v, H.kv_heads, H.d_v);
-    for (const auto& kv : tensors)
+    for (const auto& kv : tensors) {
+      io::require_representable(kv.second, src.dtype(kv.first),
+                                src.file_of(kv.first) + ": tensor " + io::detail::quote(kv.first) +
+                                    " after the correction");
       modified[kv.first] = io::encode_matrix(kv.second, src.dtype(kv.first));
+    }
     bar.update(static_cast<double>(++n_done) / static_cast<double>(todo.size() + 1));
   }
 

@@ -23,6 +23,8 @@
 
 #include <Eigen/QR>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <deque>
@@ -150,6 +152,17 @@ const char* const kExplanation =
 void run_demo(const DemoArgs& a) {
   TempDir dir;
   if (!a.keep.empty()) {
+    // --keep never replaces anything: DIR is created, or an existing directory without the
+    // two files the demo writes.
+    struct stat st {};
+    if (::lstat(a.keep.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      throw BadInput(a.keep + ": --keep needs a directory, and this is " +
+                     io::detail::file_kind(st.st_mode));
+    for (const char* f : {"model.safetensors", "config.json"}) {
+      const std::string p = io::detail::join_path(a.keep, f);
+      if (::lstat(p.c_str(), &st) == 0)
+        throw BadInput(p + ": --keep would overwrite it; choose an empty or new directory");
+    }
     dir.keep = true;
     ::rmdir(dir.path.c_str());
     dir.path = a.keep;
@@ -172,7 +185,7 @@ void run_demo(const DemoArgs& a) {
   o.tokens = a.tokens;
   o.seed = a.seed;
   o.layers = a.jacobian_layers;
-  o.jacobian_heads = {0};
+  o.jacobian_heads = IndexSelection::parse("0", "--jacobian-heads");
   CheckpointReport jac;
   {
     Progress b3("demo: kappa(J) and Theorem 3.4", !a.quiet);
@@ -212,9 +225,10 @@ void register_demo(CLI::App& app) {
   auto a = std::make_shared<DemoArgs>();
   CLI::App* cmd = app.add_subcommand(
       "demo", "Analyse a built-in ViT-Tiny-shaped model end to end (no files needed)");
-  cmd->add_option("--seed", a->seed, "seed of the model and the tokens (default 0)");
+  cmd->add_option("--seed", a->seed, "seed of the model and the tokens (default 0)")
+      ->check(unsigned_integer());
   cmd->add_option("--tokens", a->tokens, "N synthetic tokens for kappa(J) (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1LL, kMaxTokens));
   cmd->add_option("--jacobian-layers", a->jacobian_layers,
                   "layers whose head 0 gets kappa(J) (default 0,5,11)");
   cmd->add_option("--keep", a->keep, "write the model to this directory and keep it");

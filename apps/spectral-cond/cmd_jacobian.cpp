@@ -10,8 +10,11 @@
 #include "cli.hpp"
 #include "commands.hpp"
 
+#include <spectral_cond/io/files.hpp>
 #include <spectral_cond/jacobian/gram.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -54,6 +57,8 @@ void run_jacobian(const JacobianArgs& a) {
     s << "--scale must be finite and > 0 (got " << a.scale << ")";
     throw BadInput(s.str());
   }
+  // Before anything is read or computed: --out may replace only a regular file that is no input.
+  io::check_output_target(a.out, {a.x, a.wq, a.wk, a.wv});
   const Mat<double> X = load_matrix(a.x, "X");
   if (X.rows() < 1 || X.cols() < 1)
     throw BadInput(a.x + ": X must be N x D with N, D >= 1 (got " + shape_str(X.rows(), X.cols()) +
@@ -75,10 +80,23 @@ void run_jacobian(const JacobianArgs& a) {
   AttentionOptions<double> opts;
   if (a.scale_set) opts.scale = a.scale;
   opts.mask = a.mask == "causal" ? MaskKind::Causal : MaskKind::None;
+  require_finite_attention(X, WQ, WK, WV, opts, a.x + ", " + a.wq + ", " + a.wk + ", " + a.wv);
   const JacobianBlock block = parse_block(a.block);
   const Index rows = jacobian_rows(N, dv);
   const Index cols = a.gram ? rows : jacobian_cols(block, N, D, dk, dv);
   const std::string what = block_name(block, a.gram);
+  // The size is checked before the allocation: more than the machine's memory is an input the
+  // tool cannot serve (exit 2), not an internal error.
+  const double bytes = static_cast<double>(rows) * static_cast<double>(cols) * 8.0;
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    std::ostringstream s;
+    s << a.x << ", " << a.wq << ", " << a.wv << ": " << what << " would be "
+      << shape_str(rows, cols) << " (" << bytes * 1e-9 << " GB in float64), more than this "
+      << "machine's " << memory * 1e-9 << " GB of memory";
+    throw BadInput(s.str());
+  }
   Mat<double> out;
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -115,10 +133,10 @@ void register_jacobian(CLI::App& app) {
   cmd->add_option("--wv", args->wv, "W_V, D x d_v (.npy)")->required();
   cmd->add_option("--scale", args->scale, "logit scale c > 0 (default 1/sqrt(d_k))");
   cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
-      ->check(CLI::IsMember({"none", "causal"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"none", "causal"}));
   cmd->add_option("--block", args->block,
                   "all = [J_Q | J_K | J_V] (default), q, k, v, or x (the input Jacobian J_X)")
-      ->check(CLI::IsMember({"all", "q", "k", "v", "x"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"all", "q", "k", "v", "x"}));
   cmd->add_flag("--gram", args->gram, "write J J^T of the block instead of J");
   cmd->add_flag("--timing", args->timing,
                 "print the time spent computing and writing the result on stderr");

@@ -124,6 +124,8 @@ void check_args(const KappaArgs& a) {
     s << "--tol must be finite and > 0 (got " << a.tol << ")";
     throw BadInput(s.str());
   }
+  // Before anything is read or computed: --out may replace only a regular file that is no input.
+  if (!a.out.empty()) io::check_output_target(a.out, {a.matrix, a.x, a.wq, a.wk, a.wv});
 }
 
 void table_condition(std::ostream& o, const ConditionResult<double>& r) {
@@ -193,7 +195,9 @@ void run_matrix(const KappaArgs& a) {
     throw NumericalFailure("the SVD of " + a.matrix + " failed: " + r.note);
   std::string text;
   if (a.format == "json") {
-    text = kappa_json("matrix", M.rows(), M.cols(), r).dump(2) + "\n";
+    text = kappa_json("matrix", M.rows(), M.cols(), r)
+               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+           "\n";
   } else {
     std::ostringstream o;
     o << "kappa of " << a.matrix << ", " << shape_str(M.rows(), M.cols()) << '\n';
@@ -209,6 +213,8 @@ void run_attention(const KappaArgs& a) {
   AttentionOptions<double> opts;
   if (a.scale_set) opts.scale = a.scale;
   opts.mask = a.mask == "causal" ? MaskKind::Causal : MaskKind::None;
+  require_finite_attention(in.X, in.WQ, in.WK, in.WV, opts,
+                           a.x + ", " + a.wq + ", " + a.wk + ", " + a.wv);
   JacobianKappaOptions jo;
   jo.method = parse_jacobian_kappa_method(a.method);
   jo.tol = a.tol;
@@ -254,7 +260,7 @@ void run_attention(const KappaArgs& a) {
     j["method_requested"] = a.method;
     j["tol"] = json_number(a.tol);
     j["device"] = a.device;
-    text = j.dump(2) + "\n";
+    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   } else {
     std::ostringstream o;
     o << "kappa of J, " << shape_str(rows, cols) << " (attention: N = " << N << ", D = " << D
@@ -284,22 +290,21 @@ void register_kappa(CLI::App& app) {
   cmd->add_option("--wv", args->wv, "W_V, D x d_v (.npy)");
   cmd->add_option("--scale", args->scale, "logit scale c > 0 (default 1/sqrt(d_k))");
   cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
-      ->check(CLI::IsMember({"none", "causal"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"none", "causal"}));
   cmd->add_option("--method", args->method,
                   "kappa(J) by auto (default), dense, gram, iterative, qr or lobpcg")
-      ->check(
-          CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}));
   cmd->add_option("--rtol", args->rtol,
                   "rank tolerance relative to sigma_1 (default max(m, n) eps; 0: every nonzero "
                   "sigma counts)");
   cmd->add_option("--tol", args->tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
   cmd->add_flag("--bound", args->bound, "add every term of Theorem 3.4 (MATH.md §5)");
   cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")
-      ->check(CLI::IsMember({"table", "json"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"table", "json"}));
   cmd->add_option("--out", args->out, "write the report to FILE (atomically) instead of stdout");
   cmd->add_flag("--quiet", args->quiet, "no progress bar, no summary line with --out");
   cmd->add_option("--device", args->device, "cpu (default) or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([args, cmd] {
     args->scale_set = cmd->count("--scale") > 0;
     args->mask_set = cmd->count("--mask") > 0;

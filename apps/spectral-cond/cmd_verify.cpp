@@ -31,6 +31,9 @@
 namespace spectral_cond::cli {
 namespace {
 
+/// 144 regimes of this many instances take about an hour on two cores.
+constexpr long long kMaxInstancesPerRegime = 1 << 16;
+
 struct VerifyArgs {
   std::uint64_t seed = VerifyOptions{}.seed;
   Index instances = VerifyOptions{}.instances_per_regime;
@@ -204,6 +207,13 @@ void run_verify(const VerifyArgs& a) {
   if (a.instances < 1)
     throw BadInput("--instances-per-regime must be >= 1 (got " + std::to_string(a.instances) + ")");
   if (a.max_listed < 0) throw BadInput("--max-listed must be >= 0");
+  if (!a.out.empty()) io::check_output_target(a.out);
+  if (!a.dump.empty()) {
+    struct stat st {};
+    if (::lstat(a.dump.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      throw BadInput(a.dump + ": --dump needs a directory, and this is " +
+                     io::detail::file_kind(st.st_mode) + " (nothing is written over it)");
+  }
   VerifyOptions o;
   o.seed = a.seed;
   o.instances_per_regime = a.instances;
@@ -218,7 +228,7 @@ void run_verify(const VerifyArgs& a) {
     nlohmann::json j = verify_json(rep);
     for (size_t i = 0; i < rep.violations.size(); ++i)
       j["violations"][i]["hint"] = hint(a, rep.violations[i]);
-    text = j.dump(2) + "\n";
+    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   } else {
     text = table(a, rep);
   }
@@ -247,12 +257,15 @@ void register_verify(CLI::App& app) {
       "Check the paper's statements on random instances (Theorem 3.4 is reported, "
       "proven statements must hold)");
   cmd->add_option("--seed", args->seed,
-                  "the sweep's seed (default " + std::to_string(VerifyOptions{}.seed) + ")");
+                  "the sweep's seed (default " + std::to_string(VerifyOptions{}.seed) + ")")
+      ->check(unsigned_integer());
   cmd->add_option("--instances-per-regime", args->instances,
                   "random instances per regime (default " +
-                      std::to_string(VerifyOptions{}.instances_per_regime) + ")");
+                      std::to_string(VerifyOptions{}.instances_per_regime) + ", at most " +
+                      std::to_string(kMaxInstancesPerRegime) + ")")
+      ->check(CLI::Range(1LL, kMaxInstancesPerRegime));
   cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")
-      ->check(CLI::IsMember({"table", "json"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"table", "json"}));
   cmd->add_option("--out", args->out, "write the report to FILE (atomically) instead of stdout");
   cmd->add_option("--dump", args->dump,
                   "write each violating instance's X, W_Q, W_K, W_V (.npy) under DIR");

@@ -4,7 +4,29 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace spectral_cond::cli {
+
+/// Accepts only decimal digits that fit in an unsigned 64-bit integer: "-1" would otherwise
+/// wrap to 2^64 - 1 and "1e3" be cut to 1.
+inline CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        static const std::string max = "18446744073709551615";
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a non-negative integer (got '" + s + "')";
+        const std::string t = s.substr(std::min(s.find_first_not_of('0'), s.size() - 1));
+        if (t.size() > max.size() || (t.size() == max.size() && t > max))
+          return "must be at most " + max + " (got " + s + ")";
+        return std::string();
+      },
+      "UINT64");
+}
+
+/// Most synthetic tokens (N) the Jacobian analysis accepts: J has N d_v rows and J J^T
+/// (N d_v)^2 entries, so far fewer are practical.
+inline constexpr long long kMaxTokens = 1 << 16;
 
 /// `spectral-cond jacobian`: J (or one block, or J J^T) of single-head attention to a .npy file.
 void register_jacobian(CLI::App& app);

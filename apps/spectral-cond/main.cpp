@@ -5,6 +5,8 @@
 #include "cli.hpp"
 #include "commands.hpp"
 
+#include <spectral_cond/io/files.hpp>
+
 #include <CLI/CLI.hpp>
 
 #include <exception>
@@ -30,6 +32,7 @@ int report(int code, const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace spectral_cond;
+  io::install_signal_cleanup();  // SIGINT / SIGTERM never leave a temporary file behind
   CLI::App app{"Condition numbers of attention Jacobians (MATH.md).", "spectral-cond"};
   app.set_version_flag("--version", std::string("spectral-cond ") + SPECTRAL_COND_VERSION);
   app.require_subcommand(1);

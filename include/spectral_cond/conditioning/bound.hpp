@@ -169,6 +169,12 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
   std::ostringstream v;
   if (r.J.info == Info::InvalidInput) {
     v << "invalid input: no verdict";
+    r.holds_plus = false;
+  } else if (std::isnan(r.J.kappa_plus) || std::isnan(r.bound_plus)) {
+    // NaN on either side decides nothing: neither held nor violated.
+    v << "no verdict with kappa_plus: "
+      << (std::isnan(r.J.kappa_plus) ? "kappa_plus(J)" : "the bound") << " is undefined (NaN)";
+    r.holds_plus = false;
   } else if (r.holds_plus) {
     v << "holds with kappa_plus: kappa_plus(J) = " << r.J.kappa_plus << " <= bound " << r.bound_plus
       << " (ratio " << r.ratio_plus << ")";

@@ -3,10 +3,14 @@
 // A writer never leaves a half-written file where a reader could find it: the bytes go to a
 // temporary file in the target's directory (`path + ".tmp.XXXXXX"`, made by mkstemp), which is
 // flushed, fsync'ed and renamed over the target. On any error the temporary file is removed
-// and the target is left as it was.
+// and the target is left as it was; so it is when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends the
+// process, once install_signal_cleanup() (files.hpp) has run. The target must be absent or a
+// regular file that is not an input (check_output_target, files.hpp): a symbolic link, a
+// device node, a FIFO or a directory is never replaced.
 #pragma once
 
 #include "spectral_cond/io/error.hpp"
+#include "spectral_cond/io/files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,8 +18,10 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -61,20 +67,40 @@ inline mode_t new_file_mode(const std::string& path) {
 class TempFile {
  public:
   explicit TempFile(const std::string& target) : target_(target) {
-    std::vector<char> tmpl(target.begin(), target.end());
-    const char suffix[] = ".tmp.XXXXXX";
-    tmpl.insert(tmpl.end(), suffix, suffix + sizeof(suffix));  // includes the '\0'
-    const int fd = ::mkstemp(tmpl.data());
+    // The name is registered for the signal handler before the file exists, so that no signal
+    // can leave it behind; O_EXCL makes the name ours.
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    std::uint64_t state = static_cast<std::uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ULL ^
+                          reinterpret_cast<std::uintptr_t>(this) ^
+                          static_cast<std::uint64_t>(std::clock());
+    int fd = -1, err = 0;
+    for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+      std::string name = target + ".tmp.";
+      for (int k = 0; k < 6; ++k) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        name += alphabet[(state >> 33) % (sizeof(alphabet) - 1)];
+      }
+      slot_ = register_temp(name);
+      fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      err = errno;
+      if (fd >= 0) {
+        path_ = name;
+      } else {
+        unregister_temp(slot_);
+        slot_ = -1;
+        if (err != EEXIST) break;
+      }
+    }
     if (fd < 0)
       throw IoError(target + ": cannot create a temporary file in " + dir_of(target) + ": " +
-                    errno_str(errno));
-    path_ = tmpl.data();
+                    errno_str(err));
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {
-      const int err = errno;
+      const int e = errno;
       ::close(fd);
       ::unlink(path_.c_str());
-      throw IoError(target + ": cannot open the temporary file " + path_ + ": " + errno_str(err));
+      unregister_temp(slot_);
+      throw IoError(target + ": cannot open the temporary file " + path_ + ": " + errno_str(e));
     }
   }
   TempFile(const TempFile&) = delete;
@@ -82,6 +108,7 @@ class TempFile {
   ~TempFile() {
     if (file_ != nullptr) std::fclose(file_);
     if (!committed_) ::unlink(path_.c_str());
+    unregister_temp(slot_);
   }
 
   std::FILE* stream() const { return file_; }
@@ -95,6 +122,7 @@ class TempFile {
     std::FILE* f = file_;
     file_ = nullptr;
     if (std::fclose(f) != 0) fail("close failed");
+    check_output_target(target_);  // still replaceable (nothing became a link or an input)
     if (std::rename(path_.c_str(), target_.c_str()) != 0) fail("cannot rename the temporary file");
     committed_ = true;
     // Make the rename itself durable; a failure here cannot undo it, so it is not an error.
@@ -114,6 +142,7 @@ class TempFile {
   std::string target_, path_;
   std::FILE* file_ = nullptr;
   bool committed_ = false;
+  int slot_ = -1;
 };
 
 }  // namespace detail
@@ -122,8 +151,10 @@ class TempFile {
 /// (it may throw; IoError is the expected type); the file is then flushed, fsync'ed and renamed
 /// over `path`. On any error, including an exception from `write`, the temporary file is
 /// removed, `path` is untouched and the exception propagates (IoError for I/O failures).
+/// Refused (IoError, before anything is written) when `path` may not be replaced:
+/// check_output_target (a link, a special file, a directory, an input file).
 inline void atomic_write(const std::string& path, const std::function<void(std::FILE*)>& write) {
-  if (path.empty()) throw IoError("(empty path): cannot write a file with an empty name");
+  check_output_target(path);
   detail::TempFile tmp(path);
   write(tmp.stream());
   tmp.commit();

@@ -1,3 +1,4 @@
+// clang-format off
 // spectral_cond::io: where W_Q, W_K and W_V live in the checkpoints of common model families
 // (MATH.md §8), detected from tensor names, and how many heads split them.
 //
@@ -5,16 +6,18 @@
 // |------------|-------------------------------------------------|--------------------------------|
 // | torch-mha  | …in_proj_weight                                 | 3D x D, rows Q, K, V (Linear)  |
 // | timm       | blocks.i.attn.qkv.weight                        | 3D x D, rows Q, K, V (Linear)  |
-// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each
-// | | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V
-// | | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer
-// heads |
+// | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each |
+// | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V |
+// | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer heads |
 //
 // A Linear weight is out x in, so W = weight^T; GPT-2's Conv1D is already in x out.
+// clang-format on
 #pragma once
 
 #include "spectral_cond/core/common.hpp"
 #include "spectral_cond/io/error.hpp"
+#include "spectral_cond/io/json.hpp"
+#include "spectral_cond/io/mapped_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +27,7 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace spectral_cond {
@@ -109,10 +113,9 @@ inline std::string shape_string(const std::vector<std::int64_t>& s) {
   return out + "]";
 }
 
-inline const NamedShape* find_tensor(const std::vector<NamedShape>& ts, const std::string& n) {
-  for (const NamedShape& t : ts)
-    if (t.name == n) return &t;
-  return nullptr;
+inline bool name_ends_with(const std::string& s, const char* suffix) {
+  const std::size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
 /// The layer's number: the given digits, else the last ".<digits>." in the prefix, else the
@@ -132,19 +135,20 @@ inline std::int64_t layer_number(const std::string& digits, const std::string& p
 
 /// Fused 3D x D (rows Q, K, V) or D x 3D (columns Q, K, V) tensors: torch-mha, timm, gpt2.
 inline std::vector<AttentionLayerSpec> match_fused(const std::vector<NamedShape>& ts,
-                                                   const std::regex& re, bool conv1d,
-                                                   const std::string& file) {
+                                                   const std::regex& re, const char* suffix,
+                                                   bool conv1d, const std::string& file) {
   std::vector<AttentionLayerSpec> out;
   std::int64_t order = 0;
   for (const NamedShape& t : ts) {
     std::smatch m;
-    if (!std::regex_match(t.name, m, re)) continue;
+    // The suffix test keeps the (slow) regex off the names that cannot match.
+    if (!name_ends_with(t.name, suffix) || !std::regex_match(t.name, m, re)) continue;
     if (t.shape.size() != 2)
       throw IoError(file + ": tensor " + t.name + " has shape " + shape_string(t.shape) +
                     ", expected a 2-D fused Q/K/V projection");
     const std::int64_t D = conv1d ? t.shape[0] : t.shape[1];
     const std::int64_t three = conv1d ? t.shape[1] : t.shape[0];
-    if (D < 1 || three != 3 * D)
+    if (D < 1 || D > INT64_MAX / 3 || three != 3 * D)
       throw IoError(file + ": tensor " + t.name + " has shape " + shape_string(t.shape) +
                     (conv1d ? ", expected [D, 3D]" : ", expected [3D, D]"));
     AttentionLayerSpec L;
@@ -168,24 +172,37 @@ inline std::vector<AttentionLayerSpec> match_fused(const std::vector<NamedShape>
 inline std::vector<AttentionLayerSpec> match_separate(const std::vector<NamedShape>& ts,
                                                       const std::regex& re,
                                                       const std::string names[3],
+                                                      const std::string& suffix,
                                                       const std::string& file) {
   std::map<std::string, std::pair<std::string, const NamedShape*>> queries;  // prefix -> (num, q)
+  const std::string q_suffix = names[0] + suffix;
   for (const NamedShape& t : ts) {
     std::smatch m;
-    if (std::regex_match(t.name, m, re) && m[3].str() == names[0])
+    if (name_ends_with(t.name, q_suffix.c_str()) && std::regex_match(t.name, m, re) &&
+        m[3].str() == names[0])
       queries[m[1].str()] = {m[2].str(), &t};
   }
+  // Name lookups through a hash map (linear, not quadratic), built only when there is a query.
+  std::unordered_map<std::string, const NamedShape*> by_name;
+  if (!queries.empty()) {
+    by_name.reserve(ts.size());
+    for (const NamedShape& t : ts) by_name.emplace(t.name, &t);
+  }
+  auto find_tensor = [&](const std::string& n) -> const NamedShape* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : it->second;
+  };
   std::vector<AttentionLayerSpec> out;
   std::int64_t order = 0;
   for (const auto& kv : queries) {
     const std::string& prefix = kv.first;
     const NamedShape& q = *kv.second.second;
-    const std::string suffix = q.name.substr(prefix.size() + names[0].size());
-    const NamedShape* k = find_tensor(ts, prefix + names[1] + suffix);
-    const NamedShape* v = find_tensor(ts, prefix + names[2] + suffix);
+    const std::string rest = q.name.substr(prefix.size() + names[0].size());
+    const NamedShape* k = find_tensor(prefix + names[1] + rest);
+    const NamedShape* v = find_tensor(prefix + names[2] + rest);
     if (!k || !v)
       throw IoError(file + ": layer " + prefix + " has " + q.name + " but not " +
-                    (!k ? prefix + names[1] + suffix : prefix + names[2] + suffix));
+                    (!k ? prefix + names[1] + rest : prefix + names[2] + rest));
     if (q.shape.size() != 2 || q.shape[0] < 1 || q.shape[1] < 1)
       throw IoError(file + ": tensor " + q.name + " has shape " + shape_string(q.shape) +
                     ", expected a 2-D Linear weight [out, in]");
@@ -228,15 +245,15 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
   auto run = [&](Layout l) -> std::vector<AttentionLayerSpec> {
     switch (l) {
       case Layout::Timm:
-        return detail::match_fused(tensors, timm, false, file);
+        return detail::match_fused(tensors, timm, "qkv.weight", false, file);
       case Layout::TorchMHA:
-        return detail::match_fused(tensors, mha, false, file);
+        return detail::match_fused(tensors, mha, "in_proj_weight", false, file);
       case Layout::Gpt2:
-        return detail::match_fused(tensors, gpt2, true, file);
+        return detail::match_fused(tensors, gpt2, "c_attn.weight", true, file);
       case Layout::HfBert:
-        return detail::match_separate(tensors, bert, bert_names, file);
+        return detail::match_separate(tensors, bert, bert_names, ".weight", file);
       case Layout::Llama:
-        return detail::match_separate(tensors, llama, llama_names, file);
+        return detail::match_separate(tensors, llama, llama_names, "_proj.weight", file);
       case Layout::Auto:
         break;
     }
@@ -283,14 +300,9 @@ struct HeadConfig {
 /// Reads num_attention_heads / n_head, num_key_value_heads and hidden_size / n_embd from a
 /// Hugging Face style config.json.
 inline HeadConfig read_head_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError(path + ": cannot open");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError(path + ": invalid JSON (" + std::string(e.what()) + ")");
-  }
+  const MappedFile f(path);  // a regular file, never a FIFO
+  const char* b = reinterpret_cast<const char*>(f.data());
+  const nlohmann::json j = parse_json_strict(b, b + f.size(), path);
   if (!j.is_object()) throw IoError(path + ": expected a JSON object");
   auto get = [&](std::initializer_list<const char*> keys) -> std::int64_t {
     for (const char* k : keys) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
+#include <spectral_cond/io/files.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -27,24 +28,15 @@ struct ByteView {
 /// Read-only bytes of a file, mapped with mmap(PROT_READ, MAP_PRIVATE). Nothing is read until a
 /// page is touched, so mapping a 10 GB shard costs address space, not memory. An empty file maps
 /// to (nullptr, 0). Throws IoError naming the file when it cannot be opened, is not a regular
-/// file, or cannot be mapped.
+/// file (FIFOs, devices and directories are refused without blocking: files.hpp), or cannot be
+/// mapped.
 class MappedFile {
  public:
   MappedFile() = default;
 
   explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("cannot open");
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      fail("cannot stat", e);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw IoError(path_ + ": not a regular file");
-    }
+    const int fd = open_input(path, st);  // regular files only; a FIFO never blocks
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -21,6 +21,7 @@
 #include "spectral_cond/core/common.hpp"
 #include "spectral_cond/io/atomic_file.hpp"
 #include "spectral_cond/io/error.hpp"
+#include "spectral_cond/io/files.hpp"
 #include "spectral_cond/io/float16.hpp"
 
 #include <sys/stat.h>
@@ -64,6 +65,7 @@ struct NpyArray {
     if (ndim() != 2) throw IoError(name + ": expected a 2-D array, got shape " + shape_string());
     const auto rows = static_cast<Index>(shape[0]), cols = static_cast<Index>(shape[1]);
     Mat<Scalar> m(rows, cols);
+    if (data.empty()) return m;  // a zero dimension: no loop over the other one
     for (Index i = 0; i < rows; ++i)
       for (Index j = 0; j < cols; ++j) {
         const auto k = static_cast<std::size_t>(fortran_order ? i + rows * j : i * cols + j);
@@ -159,6 +161,15 @@ class NpyHeaderParser {
                           : "shape") +
            "'");
     h.itemsize = itemsize_of(h.descr);
+    // The extent (zero dimensions counted as one) bounds every loop over the dimensions, also
+    // for an empty array: (2^63 - 1, 0) holds no element but must not drive a loop of 2^63 rows.
+    std::size_t extent = 1;
+    for (const std::int64_t d : h.shape) {
+      const auto ud = std::max<std::uint64_t>(static_cast<std::uint64_t>(d), 1);
+      if (extent > std::numeric_limits<std::size_t>::max() / 8 / ud)
+        fail("shape " + shape_text(h.shape) + " is too large (dimensions overflow)");
+      extent *= static_cast<std::size_t>(ud);
+    }
     h.numel = 1;
     for (const std::int64_t d : h.shape) {
       const auto ud = static_cast<std::uint64_t>(d);
@@ -434,12 +445,14 @@ inline NpyArray parse_npy(const std::uint8_t* data, std::size_t size, const std:
 /// Reads a .npy file (see parse_npy). The data size is checked against the file size before
 /// the data is read; the file is read in chunks, never held twice.
 inline NpyArray read_npy(const std::string& path) {
-  std::unique_ptr<std::FILE, detail::FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw IoError(path + ": cannot open: " + detail::errno_str(errno));
   struct stat st {};
-  if (::fstat(::fileno(f.get()), &st) != 0)
-    throw IoError(path + ": cannot stat: " + detail::errno_str(errno));
-  if (!S_ISREG(st.st_mode)) throw IoError(path + ": not a regular file");
+  const int fd = open_input(path, st);  // regular files only; a FIFO never blocks
+  std::unique_ptr<std::FILE, detail::FileCloser> f(::fdopen(fd, "rb"));
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    throw IoError(path + ": cannot open: " + detail::errno_str(e));
+  }
   const auto total = static_cast<std::uint64_t>(st.st_size);
   auto read_exact = [&](void* dst, std::size_t n) {
     if (n > 0 && std::fread(dst, 1, n, f.get()) != n)

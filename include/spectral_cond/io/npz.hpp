@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -97,6 +98,40 @@ class ZipReader {
     }
     const std::uint32_t crc = crc32_of(out.data, out.size);
     if (crc != m.crc32) fail(m.name, "CRC-32 mismatch (data corrupted)");
+    return out;
+  }
+
+  /// The first min(want, m.uncompressed) bytes of a member's .npy file, inflating no more than
+  /// that (a stored member is copied). The CRC is not checked: only member_bytes can.
+  std::vector<std::uint8_t> member_prefix(const NpzMember& m, std::uint64_t want) const {
+    if (m.data_offset > n_ || m.compressed > n_ - m.data_offset)
+      fail(m.name, "member data lies outside the archive");
+    want = std::min(want, m.uncompressed);
+    const std::uint8_t* src = p_ + m.data_offset;
+    if (m.method == 0) return std::vector<std::uint8_t>(src, src + want);
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(want));
+    z_stream zs{};
+    if (inflateInit2(&zs, -15) != Z_OK) fail(m.name, "zlib inflateInit2 failed");
+    std::uint64_t in_left = m.compressed, got = 0;
+    int rc = Z_OK;
+    while (got < want && rc != Z_STREAM_END) {
+      if (zs.avail_in == 0 && in_left > 0) {
+        zs.next_in = const_cast<Bytef*>(src + (m.compressed - in_left));
+        zs.avail_in = static_cast<uInt>(std::min<std::uint64_t>(in_left, 1u << 20));
+        in_left -= zs.avail_in;
+      }
+      zs.next_out = out.data() + got;
+      zs.avail_out = static_cast<uInt>(std::min<std::uint64_t>(want - got, 1u << 20));
+      const uInt before = zs.avail_out;
+      rc = inflate(&zs, Z_NO_FLUSH);
+      got += before - zs.avail_out;
+      if (rc != Z_OK && rc != Z_STREAM_END) {
+        inflateEnd(&zs);
+        fail(m.name, rc == Z_BUF_ERROR ? "deflate stream truncated" : "corrupt deflate stream");
+      }
+    }
+    inflateEnd(&zs);
+    if (got < want) fail(m.name, "inflates to fewer bytes than declared");
     return out;
   }
 
@@ -313,6 +348,24 @@ inline NpyArray read_npz_member(const std::uint8_t* data, std::size_t size, cons
   return parse_npy(b.data, b.size, name + ": member " + detail::quote(m.name));
 }
 
+/// The .npy header of one member, checked as parse_npy checks it (the data size against the
+/// member's declared size), inflating only the header's bytes: a member's shape costs at most
+/// kNpyMaxHeaderBytes of memory whatever its size.
+inline detail::NpyHeader read_npz_member_header(const std::uint8_t* data, std::size_t size,
+                                                const std::string& name, const NpzMember& m) {
+  detail::ZipReader z(data, size, name);
+  const std::string label = name + ": member " + detail::quote(m.name);
+  const std::vector<std::uint8_t> pre = z.member_prefix(m, 12);
+  const detail::NpyPreamble p = detail::parse_npy_preamble(pre.data(), m.uncompressed, label);
+  const std::vector<std::uint8_t> head = z.member_prefix(m, p.header_offset + p.header_len);
+  detail::NpyHeader h =
+      detail::NpyHeaderParser(reinterpret_cast<const char*>(head.data()) + p.header_offset,
+                              p.header_len, label)
+          .parse();
+  detail::check_npy_data_size(h, m.uncompressed - p.header_offset - p.header_len, label);
+  return h;
+}
+
 /// A memory-mapped .npz archive. The directory is read and checked on open; members are
 /// decoded on request.
 class NpzFile {
@@ -330,6 +383,14 @@ class NpzFile {
   const std::vector<NpzMember>& members() const { return members_; }
   bool contains(const std::string& name) const { return find(name) != nullptr; }
 
+  /// The checked .npy header of array `name`, inflating only the header (see
+  /// read_npz_member_header).
+  detail::NpyHeader header(const std::string& name) const {
+    const NpzMember* m = find(name);
+    if (m == nullptr) throw IoError(path() + ": npz: no array " + detail::quote(name));
+    return read_npz_member_header(map_.data(), map_.size(), path(), *m);
+  }
+
   /// The array `name` ("W" or "W.npy"); IoError naming the file and array when absent.
   NpyArray array(const std::string& name) const {
     const NpzMember* m = find(name);
@@ -339,13 +400,18 @@ class NpzFile {
 
  private:
   const NpzMember* find(const std::string& name) const {
-    for (const auto& m : members_)
-      if (m.name == name || m.name == name + ".npy") return &m;
+    if (by_name_.size() != members_.size())
+      for (std::size_t i = 0; i < members_.size(); ++i) by_name_.emplace(members_[i].name, i);
+    for (const std::string& n : {name + ".npy", name}) {
+      auto it = by_name_.find(n);
+      if (it != by_name_.end()) return &members_[it->second];
+    }
     return nullptr;
   }
 
   MappedFile map_;
   std::vector<NpzMember> members_;
+  mutable std::map<std::string, std::size_t> by_name_;  // member name -> index, built once
 };
 
 }  // namespace io

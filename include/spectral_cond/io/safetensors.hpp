@@ -13,6 +13,7 @@
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/float16.hpp>
+#include <spectral_cond/io/json.hpp>
 #include <spectral_cond/io/mapped_file.hpp>
 
 #include <nlohmann/json.hpp>
@@ -217,22 +218,24 @@ inline TensorInfo parse_tensor_entry(const std::string& file, const std::string&
     st_fail(file, name, "unknown dtype " + quote(dt.get<std::string>()));
   const auto& sh = e["shape"];
   if (!sh.is_array()) st_fail(file, name, "shape is not an array");
-  std::uint64_t numel = 1;
+  if (sh.size() > 64) st_fail(file, name, "shape has more than 64 dimensions");
+  // The extent (zero dimensions counted as one) must fit too: it bounds every loop over the
+  // dimensions, also of an empty tensor such as [2^62, 0].
+  std::uint64_t numel = 1, extent = 1;
   bool overflow = false, zero = false;
+  const std::uint64_t es = dtype_size(t.dtype);
   for (const auto& d : sh) {
     std::uint64_t v = 0;
     if (!json_u64(d, v) || v > static_cast<std::uint64_t>(INT64_MAX))
       st_fail(file, name, "shape entries must be non-negative integers");
     t.shape.push_back(static_cast<std::int64_t>(v));
     if (v == 0) zero = true;
-    if (v != 0 && numel > UINT64_MAX / v) overflow = true;
-    if (!overflow) numel *= v;
+    const std::uint64_t v1 = std::max<std::uint64_t>(v, 1);
+    if (extent > UINT64_MAX / es / v1) overflow = true;
+    if (!overflow) extent *= v1;
   }
-  // A zero dimension makes any product zero (and no element is ever addressed).
-  if (zero) numel = 0;
-  const std::uint64_t es = dtype_size(t.dtype);
-  if ((overflow && !zero) || numel > UINT64_MAX / es)
-    st_fail(file, name, "shape product overflows");
+  if (overflow) st_fail(file, name, "shape product overflows");
+  numel = zero ? 0 : extent;
   const auto& off = e["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !json_u64(off[0], t.begin) || !json_u64(off[1], t.end))
     st_fail(file, name, "data_offsets must be two non-negative integers");
@@ -248,46 +251,57 @@ inline TensorInfo parse_tensor_entry(const std::string& file, const std::string&
   return t;
 }
 
-/// Parses the JSON, rejecting duplicate keys in the top-level object.
+/// Parses the JSON strictly: a duplicate key in any object (the top level, a tensor entry,
+/// __metadata__) is an error, as is nesting deeper than kMaxJsonDepth (json.hpp).
 inline nlohmann::json parse_header_json(const std::string& file, const char* begin,
                                         const char* end) {
-  std::vector<std::string> keys;
-  bool duplicate = false;
-  std::string dup_name;
-  auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    if (ev == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string())
-      keys.push_back(parsed.get<std::string>());
-    return true;
+  return parse_json_strict(begin, end, file + ": safetensors: header");
+}
+
+/// Checkpoint formats this reader does not support, by name: PyTorch pickles (loading one can
+/// run arbitrary code) and GGUF.
+inline const char* unsupported_format_of_name(const std::string& path) {
+  auto ends = [&](const char* suffix) {
+    const std::size_t n = std::strlen(suffix);
+    return path.size() >= n && path.compare(path.size() - n, n, suffix) == 0;
   };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(begin, end, cb, /*allow_exceptions=*/true);
-  } catch (const nlohmann::json::exception& ex) {
-    st_fail(file, "header is not valid JSON: " + one_line(ex.what()));
-  }
-  std::sort(keys.begin(), keys.end());
-  for (std::size_t i = 1; i < keys.size(); ++i) {
-    if (keys[i] == keys[i - 1]) {
-      duplicate = true;
-      dup_name = keys[i];
-      break;
-    }
-  }
-  if (duplicate) st_fail(file, "duplicate key " + quote(dup_name) + " in the header");
-  return j;
+  for (const char* s : {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+    if (ends(s)) return "a PyTorch pickle checkpoint";
+  if (ends(".gguf")) return "a GGUF file";
+  return nullptr;
+}
+
+/// The message for a checkpoint in a format that is not supported.
+inline std::string unsupported_message(const std::string& path, const char* what) {
+  return path + ": " + what +
+         " is not supported (pickles are never loaded: they can run code); convert it to "
+         "safetensors";
+}
+
+/// Throws IoError when the bytes are those of another format (GGUF, a zip or pickle as PyTorch
+/// writes them), so that the message says what the file is rather than how its first 8 bytes
+/// fail as a header length.
+inline void refuse_other_formats(const std::uint8_t* p, std::size_t n, const std::string& name) {
+  if (n >= 9 && p[8] == '{') return;  // a safetensors header starts there, whatever its length
+  if (n >= 4 && std::memcmp(p, "GGUF", 4) == 0)
+    throw IoError(unsupported_message(name, "a GGUF file"));
+  if ((n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) ||
+      (n >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5))
+    throw IoError(unsupported_message(name, "a PyTorch pickle checkpoint"));
 }
 
 }  // namespace detail
 
 /// Parses and checks the header of a whole safetensors file held in memory (`size` bytes at
 /// `data`); `name` labels messages. Checks: header length <= kMaxSafetensorsHeader and
-/// <= size - 8; valid JSON object with unique keys; "__metadata__" a str -> str map; each tensor
-/// entry exactly {dtype, shape, data_offsets} with known dtype, non-negative integer dims whose
-/// product does not overflow, begin <= end <= data size, end - begin = numel x dtype size; no two
-/// non-empty tensors overlap. Throws IoError on the first violation.
+/// <= size - 8; valid JSON object with unique keys in every object; "__metadata__" a str -> str
+/// map; each tensor entry exactly {dtype, shape, data_offsets} with known dtype, non-negative
+/// integer dims whose product does not overflow, begin <= end <= data size, end - begin = numel x
+/// dtype size; no two non-empty tensors overlap. Throws IoError on the first violation.
 inline SafetensorsHeader parse_safetensors_header(const std::uint8_t* data, std::size_t size,
                                                   const std::string& name) {
   using detail::st_fail;
+  detail::refuse_other_formats(data, size, name);
   if (size < 8) st_fail(name, "file of " + std::to_string(size) + " bytes is too short");
   SafetensorsHeader h;
   h.header_size = detail::load_u64_le(data);
@@ -334,7 +348,8 @@ namespace detail {
 template <typename S, typename Load>
 void convert_loop(const std::uint8_t* p, std::size_t es, Index rows, Index cols, S* out,
                   Load load) {
-  // Source is row-major rows x cols; out is column-major.
+  // Source is row-major rows x cols; out is column-major. No loop at all when one is empty.
+  if (rows == 0 || cols == 0) return;
   for (Index i = 0; i < rows; ++i)
     for (Index k = 0; k < cols; ++k, p += es) out[i + k * rows] = static_cast<S>(load(p));
 }
@@ -381,7 +396,8 @@ void convert(const TensorInfo& t, const std::uint8_t* p, Index rows, Index cols,
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path)
-      : map_(path), header_(parse_safetensors_header(map_.data(), map_.size(), path)) {}
+      : map_(open_checked(path)),
+        header_(parse_safetensors_header(map_.data(), map_.size(), path)) {}
 
   const std::string& path() const { return map_.path(); }
   const SafetensorsHeader& header() const { return header_; }
@@ -434,6 +450,12 @@ class SafetensorsFile {
   }
 
  private:
+  static MappedFile open_checked(const std::string& path) {
+    if (const char* what = detail::unsupported_format_of_name(path))
+      throw IoError(detail::unsupported_message(path, what));
+    return MappedFile(path);
+  }
+
   template <typename S>
   void fill(const TensorInfo& t, Index rows, Index cols, S* out) const {
     if (!is_convertible(t.dtype))

@@ -79,6 +79,23 @@ inline void squared_accuracy(ConditionResult<double>& res, const JacobianKappaOp
   res.note = res.note.empty() ? s.str() : s.str() + "; " + res.note;
 }
 
+/// X = 0 makes J = 0 exactly (every block of J is linear in X, MATH.md §3): the zero matrix's
+/// result (rank 0, kappa = +inf), without running an iteration on a zero operator.
+template <typename Scalar>
+std::optional<ConditionResult<double>> zero_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                                     const CRef<Scalar>& WV,
+                                                     const JacobianKappaOptions& jo,
+                                                     const char* method) {
+  if (X.size() == 0 || X.cwiseAbs().maxCoeff() != Scalar(0)) return std::nullopt;
+  const Index rows = jacobian_rows(X.rows(), WV.cols());
+  const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
+  ConditionResult<double> res = condition_from_singular_values<double>(
+      Vec<double>::Zero(std::min(rows, cols)), rows, cols, kappa_opts(jo), method);
+  res.note = "X = 0, so J = 0: " + res.note;
+  if (jo.progress) jo.progress(1.0);
+  return res;
+}
+
 /// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
 /// an InvalidInput result (with `method`) for NaN or Inf input, else empty.
 template <typename Scalar>
@@ -89,10 +106,12 @@ std::optional<ConditionResult<double>> check_kj_inputs(
   jo.check(fn);
   check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
-  if (X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite()) return std::nullopt;
-  auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
-  bad.method = method;
-  return bad;
+  if (!(X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite())) {
+    auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
+    bad.method = method;
+    return bad;
+  }
+  return zero_jacobian<Scalar>(X, WQ, WV, jo, method);
 }
 
 inline AttentionOptions<double> to_double(const AttentionOptions<double>& o) {

@@ -28,6 +28,14 @@ inline ConditionResult<double> gram_condition(const KJInputs& in, const Jacobian
   if (jo.progress) jo.progress(0.3);
   const Index n = G.rows();
   ConditionResult<double> res;
+  // Finite inputs can still overflow (huge logits): NaN in G must not read as a zero matrix.
+  if (!G.allFinite()) {
+    const std::string why =
+        std::string(which) + " has NaN or Inf entries (the inputs overflow double)";
+    res = invalid_condition<double>(why.c_str());
+    res.method = std::string("gram (") + which + ")";
+    return res;
+  }
   if (n <= jo.gram_eig_max) {
     Vec<double> lambda;
     std::string why;

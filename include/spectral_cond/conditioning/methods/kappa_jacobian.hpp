@@ -43,6 +43,28 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
                                                  to_string(jo.method)))
     return *bad;
+  // κ(J) is the same for (X / s, W s) (Q, K, V and P do not change; J scales by 1 / s,
+  // MATH.md §3). With s the power of two at the top of max |X| the rescaling is exact, and every
+  // method then works on X of order 1: no overflow or underflow in J or J J^T from the scale of
+  // X alone, and one answer for every scale. The singular values are scaled back.
+  {
+    int e = 0;
+    (void)std::frexp(static_cast<double>(X.cwiseAbs().maxCoeff()), &e);
+    if (e != 1) {
+      const Mat<Scalar> Xs = X * static_cast<Scalar>(std::ldexp(1.0, 1 - e));
+      const Scalar up = static_cast<Scalar>(std::ldexp(1.0, e - 1));
+      const Mat<Scalar> Qs = WQ * up, Ks = WK * up, Vs = WV * up;
+      if (Xs.allFinite() && Qs.allFinite() && Ks.allFinite() && Vs.allFinite()) {
+        ConditionResult<double> r = kappa_jacobian<Scalar>(Xs, Qs, Ks, Vs, opts, jo);
+        const double s = std::ldexp(1.0, e - 1);
+        r.sigma_max *= s;
+        r.sigma_min *= s;
+        r.sigma_min_plus *= s;
+        r.rank_tol *= s;
+        return r;
+      }
+    }
+  }
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   auto qr = [&] {
     QrKappaOptions qo = jo.qr;

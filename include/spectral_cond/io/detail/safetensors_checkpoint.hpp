@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -119,17 +120,24 @@ class Checkpoint {
       if (detail::is_regular_file(c)) return c;
     }
     // Otherwise exactly one *.safetensors.index.json, or else exactly one *.safetensors.
-    std::vector<std::string> indexes, files;
+    std::vector<std::string> indexes, files, unsupported;
     if (DIR* d = ::opendir(dir.c_str())) {
       while (const dirent* e = ::readdir(d)) {
         const std::string n = e->d_name;
         if (detail::ends_with(n, ".safetensors.index.json")) indexes.push_back(n);
         if (detail::ends_with(n, ".safetensors")) files.push_back(n);
+        if (detail::unsupported_format_of_name(n) != nullptr) unsupported.push_back(n);
       }
       ::closedir(d);
     }
     if (indexes.size() == 1) return detail::join_path(dir, indexes[0]);
     if (indexes.empty() && files.size() == 1) return detail::join_path(dir, files[0]);
+    if (indexes.empty() && files.empty() && !unsupported.empty()) {
+      std::sort(unsupported.begin(), unsupported.end());
+      const std::string f = detail::join_path(dir, unsupported[0]);
+      throw IoError(detail::unsupported_message(f, detail::unsupported_format_of_name(f)) +
+                    " (the directory holds no .safetensors file)");
+    }
     throw IoError(dir +
                   ": checkpoint: directory holds no model.safetensors.index.json or "
                   "model.safetensors, and not exactly one other index or .safetensors "
@@ -140,13 +148,8 @@ class Checkpoint {
     path_ = p;
     sharded_ = true;
     const MappedFile f(p);
-    nlohmann::json j;
-    try {
-      const char* b = reinterpret_cast<const char*>(f.data());
-      j = nlohmann::json::parse(b, b + f.size());
-    } catch (const nlohmann::json::exception& ex) {
-      throw IoError(p + ": index: not valid JSON: " + detail::one_line(ex.what()));
-    }
+    const char* b = reinterpret_cast<const char*>(f.data());
+    const nlohmann::json j = parse_json_strict(b, b + f.size(), p + ": index");
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw IoError(p + ": index: no \"weight_map\" object");
     const std::string dir = detail::dir_of(p);
@@ -167,9 +170,14 @@ class Checkpoint {
     std::map<std::string, std::size_t> shard_index;
     for (const auto& kv : first_user) {
       const std::string sp = detail::join_path(dir, kv.first);
-      if (!detail::is_regular_file(sp))
+      struct stat st {};
+      if (::stat(sp.c_str(), &st) != 0)
         throw IoError(p + ": index: shard " + detail::quote(kv.first) + " of tensor " +
                       detail::quote(kv.second) + " does not exist (" + sp + ")");
+      if (!S_ISREG(st.st_mode))
+        throw IoError(p + ": index: shard " + detail::quote(kv.first) + " (" + sp + ") is " +
+                      detail::file_kind(st.st_mode) + ", not a regular file");
+      note_input(st);  // never to be overwritten, even before it is opened
       shard_index.emplace(kv.first, shard_paths_.size());
       shard_paths_.push_back(sp);
     }
@@ -186,6 +194,18 @@ class Checkpoint {
         if (kv.second == k && !f->contains(kv.first))
           throw IoError(path_ + ": index: tensor " + detail::quote(kv.first) + " is not in shard " +
                         shard_paths_[k]);
+      }
+      // The other way round too: a tensor the index does not map to this shard would be
+      // silently ignored (and dropped by a rewrite).
+      for (const auto& t : f->tensors()) {
+        auto it = weight_map_.find(t.name);
+        if (it == weight_map_.end())
+          throw IoError(shard_paths_[k] + ": tensor " + detail::quote(t.name) +
+                        " is not listed in the index " + path_);
+        if (it->second != k)
+          throw IoError(shard_paths_[k] + ": tensor " + detail::quote(t.name) +
+                        " is also in this shard, but the index " + path_ + " maps it to " +
+                        shard_paths_[it->second]);
       }
       shards_[k] = std::move(f);
     }

@@ -7,9 +7,11 @@
 #include <spectral_cond/io/atomic_file.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <sstream>
 
 namespace spectral_cond {
 namespace io {
@@ -58,6 +60,47 @@ inline std::vector<std::uint8_t> encode_values(const double* x, std::size_t n, D
     for (std::size_t b = 0; b < es; ++b) p[b] = static_cast<std::uint8_t>(u >> (8 * b));
   }
   return out;
+}
+
+/// Index of the first of n values that is not a finite number of `dtype` after rounding (NaN,
+/// Inf, or so large that it rounds to Inf: |x| >= 65520 for F16), or n when all fit.
+inline std::size_t first_unrepresentable(const double* x, std::size_t n, Dtype dtype) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+    switch (dtype) {
+      case Dtype::F32:
+        if (!std::isfinite(static_cast<float>(x[i]))) return i;
+        break;
+      case Dtype::F16:
+        if ((double_to_half(x[i]) & 0x7C00U) == 0x7C00U) return i;
+        break;
+      case Dtype::BF16:
+        if ((double_to_bf16(x[i]) & 0x7F80U) == 0x7F80U) return i;
+        break;
+      default:
+        break;
+    }
+  }
+  return n;
+}
+
+/// Throws IoError("<label>: value v at [i, j] does not fit <dtype> ...") unless every entry of
+/// m is finite in `dtype` after rounding (first_unrepresentable): a value is refused rather
+/// than written as Inf.
+template <typename Derived>
+void require_representable(const Eigen::MatrixBase<Derived>& m, Dtype dtype,
+                           const std::string& label) {
+  for (Index i = 0; i < m.rows(); ++i)
+    for (Index j = 0; j < m.cols(); ++j) {
+      const double v = static_cast<double>(m(i, j));
+      if (first_unrepresentable(&v, 1, dtype) == 0) {
+        std::ostringstream s;
+        s << label << ": value " << v << " at [" << i << ", " << j << "] does not fit "
+          << to_string(dtype) << " (it would be written as " << (std::isnan(v) ? "NaN" : "Inf")
+          << ")";
+        throw IoError(s.str());
+      }
+    }
 }
 
 /// A matrix encoded row-major (the safetensors layout of a rows x cols tensor) as dtype.

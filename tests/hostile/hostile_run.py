@@ -1,0 +1,69 @@
+"""Runs `spectral-cond` under a wall-clock limit and an address-space limit, measuring the child's
+own peak RSS and CPU time (os.wait4), for the hostile-input and data-loss tests."""
+import os
+import resource
+import signal
+import subprocess
+import tempfile
+import time
+
+# The tool's address space when it runs normally is ~300 MB (OpenBLAS reserves its buffers at
+# start); 1 GiB leaves room and still stops a runaway allocation long before it hurts.
+ADDRESS_SPACE_LIMIT = 1 << 30
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", LC_ALL="C")
+
+
+class Result:
+    def __init__(self, rc, stdout, stderr, seconds, max_rss_mb, timed_out, cpu_seconds):
+        self.returncode = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        self.seconds = seconds
+        self.max_rss_mb = max_rss_mb
+        self.timed_out = timed_out
+        self.cpu_seconds = cpu_seconds  # user + system time of the child itself
+
+    def __repr__(self):
+        return (f"rc={self.returncode} {self.seconds:.3f}s wall {self.cpu_seconds:.3f}s cpu "
+                f"{self.max_rss_mb:.1f}MB "
+                f"timed_out={self.timed_out} stderr={self.stderr[-400:]!r}")
+
+
+def _limits(address_space):
+    def apply():
+        if address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.setsid()  # its own process group, so that a timeout kills everything it started
+    return apply
+
+
+def run(exe, argv, timeout=5.0, address_space=ADDRESS_SPACE_LIMIT, on_start=None, cwd=None):
+    """Runs exe argv; returns Result. `on_start(proc)` is called once the child runs."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        p = subprocess.Popen([exe, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                             preexec_fn=_limits(address_space), env=ENV, cwd=cwd)
+        if on_start is not None:
+            on_start(p)
+        timed_out = False
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid != 0:
+                break
+            if time.monotonic() - t0 > timeout:
+                timed_out = True
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.002)
+        seconds = time.monotonic() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait again
+        out.seek(0)
+        err.seek(0)
+        return Result(p.returncode, out.read().decode("utf-8", "replace"),
+                      err.read().decode("utf-8", "replace"), seconds, ru.ru_maxrss / 1024.0,
+                      timed_out, ru.ru_utime + ru.ru_stime)
