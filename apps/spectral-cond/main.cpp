@@ -33,6 +33,7 @@ int report(int code, const std::string& msg) {
 int main(int argc, char** argv) {
   using namespace spectral_cond;
   io::install_signal_cleanup();  // SIGINT / SIGTERM never leave a temporary file behind
+  io::protect_inputs();          // no output replaces a file this run has read
   CLI::App app{"Condition numbers of attention Jacobians (MATH.md).", "spectral-cond"};
   app.set_version_flag("--version", std::string("spectral-cond ") + SPECTRAL_COND_VERSION);
   app.require_subcommand(1);

@@ -48,6 +48,12 @@ struct FileId {
   ino_t ino;
 };
 
+/// Whether check_output_target also refuses every input opened so far (protect_inputs()).
+inline std::atomic<bool>& inputs_protected() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 /// Identities of every input opened by open_input (or registered by note_input).
 inline std::vector<FileId>& input_ids() {
   static std::vector<FileId> ids;
@@ -110,7 +116,14 @@ inline void install_signal_cleanup() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::sigaction(sig, &sa, nullptr);
 }
 
-/// Records `st`'s file as an input (check_output_target refuses to write over it).
+/// From now on, check_output_target refuses to write over any input this process has opened
+/// (by device and inode: the same file, a hard link or a symbolic link to it). The tool turns
+/// this on in main(); a library user who reads and writes the same file on purpose leaves it off.
+inline void protect_inputs(bool on = true) {
+  detail::inputs_protected().store(on);
+}
+
+/// Records `st`'s file as an input (refused as an output once protect_inputs() is on).
 inline void note_input(const struct stat& st) {
   std::lock_guard<std::mutex> lock(detail::input_ids_mutex());
   for (const auto& id : detail::input_ids())
@@ -149,8 +162,9 @@ inline int open_input(const std::string& path, struct stat& st) {
 }
 
 /// Throws IoError("<out>: ...") unless `out` may be written by replacing it: it does not exist
-/// (and its directory does) or it is a regular file that is neither an input opened so far nor
-/// one of `inputs` (compared by device and inode, so hard and symbolic links count).
+/// (and its directory does) or it is a regular file that is neither one of `inputs` nor, once
+/// protect_inputs() is on, an input opened so far (compared by device and inode, so hard and
+/// symbolic links count).
 inline void check_output_target(const std::string& out,
                                 const std::vector<std::string>& inputs = {}) {
   if (out.empty()) throw IoError("(empty path): cannot write a file with an empty name");
@@ -179,6 +193,7 @@ inline void check_output_target(const std::string& out,
     if (::stat(in.c_str(), &is) == 0 && is.st_dev == st.st_dev && is.st_ino == st.st_ino)
       throw IoError(out + ": refusing to overwrite an input file (" + in + ")");
   }
+  if (!detail::inputs_protected().load()) return;
   std::lock_guard<std::mutex> lock(detail::input_ids_mutex());
   for (const auto& id : detail::input_ids())
     if (id.dev == st.st_dev && id.ino == st.st_ino)
