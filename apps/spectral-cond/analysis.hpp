@@ -47,6 +47,8 @@ struct AnalysisOptions {
   IndexSelection jacobian_heads;  ///< heads for κ(J); empty: all
   bool verbose = false;           ///< log every tensor read on stderr
   std::string device = "cpu";     ///< cuda: κ(J) of the heads batched on the GPU
+  /// With --jacobian, also κ(J) of the corrected weights (λ fused, λ per-head, exact)
+  bool jacobian_corrections = true;
 };
 
 /// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
@@ -71,10 +73,21 @@ struct HeadStats {
   MatrixStats q, k, v;
 };
 
+/// κ(J), the bounds and the diagnostics of one head after one correction (MATH.md §6–7, §11).
+struct CorrectedJacobian {
+  std::string correction;  ///< "lambda_fused", "lambda_per_head" or "exact"
+  /// The corrected weights equal the original ones (λ = 0, or α = 0 for the exact correction):
+  /// the report is the original one.
+  bool unchanged = false;
+  Theorem34Report report;
+  double seconds = 0;
+};
+
 struct JacobianStats {
   Index head = 0, kv_head = 0;
   Theorem34Report report;
   double seconds = 0;
+  std::vector<CorrectedJacobian> corrected;  ///< when AnalysisOptions::jacobian_corrections
 };
 
 struct LayerStats {
@@ -200,6 +213,34 @@ inline MatrixStats matrix_stats(const std::string& role, const std::string& tens
   return m;
 }
 
+/// The weights one head sees after a correction (MATH.md §6–7): W_Q's head slice and W_K's, W_V's
+/// group slices. Fused: the slice of W + λ I(D, width); per-head: the slice plus λ I(D, d);
+/// exact: the slice of the whole projection's W + α U V^T.
+struct HeadWeights {
+  Mat<double> q, k, v;
+};
+
+namespace detail_an {
+
+inline Mat<double> fused_slice(const Mat<double>& W, Index col, Index d, double lambda) {
+  Mat<double> s = W.middleCols(col, d);
+  for (Index j = 0; j < d; ++j)
+    if (col + j < W.rows()) s(col + j, j) += lambda;
+  return s;
+}
+
+inline Mat<double> per_head_slice(const Mat<double>& W, Index col, Index d, double lambda) {
+  Mat<double> s = W.middleCols(col, d);
+  for (Index j = 0; j < std::min<Index>(d, W.rows()); ++j) s(j, j) += lambda;
+  return s;
+}
+
+inline bool same_weights(const HeadWeights& a, const HeadWeights& b) {
+  return a.q == b.q && a.k == b.k && a.v == b.v;
+}
+
+}  // namespace detail_an
+
 /// Progress callback: fraction of the whole analysis done, in [0, 1].
 using ProgressFn = std::function<void(double)>;
 
@@ -268,7 +309,8 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   for (std::size_t i = 0; i < todo.size(); ++i) {
     units += 1;
     if (o.jacobian)
-      for (std::int64_t h = 0; h < lh[i].heads; ++h) units += o.jacobian_heads.contains(h) ? 1 : 0;
+      for (std::int64_t h = 0; h < lh[i].heads; ++h)
+        units += o.jacobian_heads.contains(h) ? (o.jacobian_corrections ? 4.0 : 1.0) : 0.0;
   }
   auto tick = [&](double n) {
     done += n;
@@ -356,45 +398,99 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
       bo.jacobian.method = o.method;
       bo.jacobian.tol = o.tol;
       const Index group = H.heads / H.kv_heads;
-      // --device cuda: κ(J) of every selected head in one batch on the GPU; the other terms of
-      // Theorem 3.4 on the CPU.
-      std::vector<ConditionResult<double>> device_J;
-      if (o.device == "cuda") {
-        std::vector<Mat<double>> qs, kvs_k, kvs_v;
-        for (Index h = 0; h < H.heads; ++h) {
-          if (!o.jacobian_heads.contains(h)) continue;
-          const Index g = h / group;
-          qs.push_back(WQ.middleCols(h * H.d_k, H.d_k));
-          kvs_k.push_back(WK.middleCols(g * H.d_k, H.d_k));
-          kvs_v.push_back(WV.middleCols(g * H.d_v, H.d_v));
-        }
-        AttentionOptions<double> dao = ao;
-        dao.scale = ao.resolved_scale(H.d_k);
-        if (!qs.empty()) device_J = device_kappa_jacobian(X, qs, kvs_k, kvs_v, dao, bo.jacobian);
+      // The exact correction of each whole projection (MATH.md §6), sliced per head below.
+      HeadWeights exact_whole;
+      if (o.jacobian_corrections) {
+        exact_whole.q = exact_correction(WQ, o.target).W_corrected;
+        exact_whole.k = exact_correction(WK, o.target).W_corrected;
+        exact_whole.v = exact_correction(WV, o.target).W_corrected;
       }
-      std::size_t next_device = 0;
+      // Every selected head with its corrected variants: [original, fused, per-head, exact].
+      const char* names[] = {"lambda_fused", "lambda_per_head", "exact"};
+      std::vector<Index> heads;
+      std::vector<std::vector<HeadWeights>> variants;
       for (Index h = 0; h < H.heads; ++h) {
         if (!o.jacobian_heads.contains(h)) continue;
-        if (!device_J.empty()) bo.jacobian_result = &device_J[next_device++];
         const Index g = h / group;
+        const Index cq = h * H.d_k, ck = g * H.d_k, cv = g * H.d_v;
+        std::vector<HeadWeights> w;
+        w.push_back({WQ.middleCols(cq, H.d_k), WK.middleCols(ck, H.d_k), WV.middleCols(cv, H.d_v)});
+        if (o.jacobian_corrections) {
+          using detail_an::fused_slice;
+          using detail_an::per_head_slice;
+          w.push_back({fused_slice(WQ, cq, H.d_k, o.lambda), fused_slice(WK, ck, H.d_k, o.lambda),
+                       fused_slice(WV, cv, H.d_v, o.lambda)});
+          w.push_back({per_head_slice(WQ, cq, H.d_k, o.lambda),
+                       per_head_slice(WK, ck, H.d_k, o.lambda),
+                       per_head_slice(WV, cv, H.d_v, o.lambda)});
+          w.push_back({exact_whole.q.middleCols(cq, H.d_k), exact_whole.k.middleCols(ck, H.d_k),
+                       exact_whole.v.middleCols(cv, H.d_v)});
+        }
+        heads.push_back(h);
+        variants.push_back(std::move(w));
+      }
+      // --device cuda: κ(J) of every head and variant in one batch on the GPU; the other terms of
+      // Theorem 3.4 on the CPU.
+      std::vector<ConditionResult<double>> device_J;
+      if (o.device == "cuda" && !heads.empty()) {
+        std::vector<Mat<double>> qs, kvs_k, kvs_v;
+        for (const auto& w : variants)
+          for (const HeadWeights& hw : w) {
+            qs.push_back(hw.q);
+            kvs_k.push_back(hw.k);
+            kvs_v.push_back(hw.v);
+          }
+        AttentionOptions<double> dao = ao;
+        dao.scale = ao.resolved_scale(H.d_k);
+        device_J = device_kappa_jacobian(X, qs, kvs_k, kvs_v, dao, bo.jacobian);
+      }
+      std::size_t next_device = 0;
+      auto run = [&](const HeadWeights& w, Index h, double& seconds) {
         const auto t0 = std::chrono::steady_clock::now();
-        JacobianStats js;
-        js.head = h;
-        js.kv_head = g;
-        const Mat<double> q = WQ.middleCols(h * H.d_k, H.d_k), k = WK.middleCols(g * H.d_k, H.d_k),
-                          v = WV.middleCols(g * H.d_v, H.d_v);
-        require_finite_attention(X, q, k, v, ao,
+        if (!device_J.empty()) bo.jacobian_result = &device_J[next_device];
+        ++next_device;
+        require_finite_attention(X, w.q, w.k, w.v, ao,
                                  src.file_of(L.q.tensor) + ": layer " + std::to_string(L.index) +
                                      " head " + std::to_string(h) + " (tensor " +
                                      io::detail::quote(L.q.tensor) + ")");
-        js.report = theorem34<double>(X, q, k, v, ao, bo);
-        if (js.report.J.info == Info::InvalidInput)
+        Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, ao, bo);
+        if (r.J.info == Info::InvalidInput)
           throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +
                                  std::to_string(h) + ": kappa(J) could not be computed (" +
-                                 js.report.J.note + ")");
-        js.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ls.jacobian.push_back(std::move(js));
+                                 r.J.note + ")");
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return r;
+      };
+      for (std::size_t i = 0; i < heads.size(); ++i) {
+        const Index h = heads[i];
+        JacobianStats js;
+        js.head = h;
+        js.kv_head = h / group;
+        const std::vector<HeadWeights>& w = variants[i];
+        js.report = run(w[0], h, js.seconds);
         tick(1);
+        for (std::size_t v = 1; v < w.size(); ++v) {
+          CorrectedJacobian cj;
+          cj.correction = names[v - 1];
+          // Equal weights give the same report: the original's, or the fused one's for the
+          // per-head placement (one head, or head 0).
+          std::size_t same = v;
+          for (std::size_t u = 0; u < v && same == v; ++u)
+            if (detail_an::same_weights(w[u], w[v])) same = u;
+          if (same == 0) {
+            cj.unchanged = true;
+            cj.report = js.report;
+            ++next_device;
+          } else if (same < v) {
+            cj.report = js.corrected[same - 1].report;
+            ++next_device;
+          } else {
+            cj.report = run(w[v], h, cj.seconds);
+          }
+          js.corrected.push_back(std::move(cj));
+          tick(1);
+        }
+        ls.jacobian.push_back(std::move(js));
       }
     }
     rep.layers.push_back(std::move(ls));

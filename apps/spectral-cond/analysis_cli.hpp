@@ -35,6 +35,9 @@ inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
       ->check(unsigned_integer());
   cmd->add_option("--tol", o.tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
   cmd->add_flag("--blocks", o.blocks, "with --jacobian, also kappa(J_Q), kappa(J_K), kappa(J_V)");
+  cmd->add_flag_callback(
+      "--no-jacobian-corrections", [&o] { o.jacobian_corrections = false; },
+      "with --jacobian, skip kappa(J) of the corrected weights (lambda fused, per-head, exact)");
   cmd->add_flag("--verbose", o.verbose, "log every tensor read (and its file) on stderr");
 }
 

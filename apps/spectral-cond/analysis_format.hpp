@@ -4,6 +4,7 @@
 #pragma once
 
 #include "analysis.hpp"
+#include "report_json.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +88,29 @@ inline nlohmann::json jacobian_json(const JacobianStats& j) {
                           {"verdict", r.verdict}}}};
   if (r.have_blocks)
     out["blocks"] = {{"J_Q", cond_json(r.JQ)}, {"J_K", cond_json(r.JK)}, {"J_V", cond_json(r.JV)}};
+  if (r.have_diagnostics) {
+    out["attention"] = diagnostics_json(r.diagnostics);
+    out["bound_free"] = free_bound_json(r.free_bound, r.J);
+  }
+  if (!j.corrected.empty()) {
+    nlohmann::json c = nlohmann::json::object();
+    for (const CorrectedJacobian& cj : j.corrected) {
+      const Theorem34Report& t = cj.report;
+      nlohmann::json e = {{"unchanged", cj.unchanged},
+                          {"seconds", cj.seconds},
+                          {"J", cond_json(t.J)},
+                          {"theorem34",
+                           {{"bound_plus", num(t.bound_plus)},
+                            {"ratio_plus", num(t.ratio_plus)},
+                            {"holds_plus", t.holds_plus}}}};
+      if (t.have_diagnostics) {
+        e["attention"] = diagnostics_json(t.diagnostics);
+        e["bound_free"] = free_bound_json(t.free_bound, t.J);
+      }
+      c[cj.correction] = e;
+    }
+    out["corrected"] = c;
+  }
   return out;
 }
 
@@ -180,7 +204,8 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
   o << "checkpoint,layer,head,kv_head,matrix,tensor,rows,cols,sigma_max,sigma_min,kappa,"
        "kappa_plus,rank,kappa_lambda_fused,weyl_bound_fused,kappa_lambda_per_head,"
        "weyl_bound_per_head,kappa_exact,kappa_exact_predicted,method,bound,bound_plus,"
-       "holds_plus\n";
+       "holds_plus,bound_free,bound_free_holds,row_max_min,row_max_mean,entropy_mean,"
+       "saturated_fraction,saturated_diagonal,ratio_QK_V,collapsed\n";
   for (const auto& rep : reps) {
     for (const LayerStats& L : rep.layers) {
       auto row = [&](const std::string& head, const std::string& kv, const MatrixStats& m,
@@ -191,7 +216,7 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
           << g(m.cond.kappa_plus) << ',' << m.cond.rank << ',' << g(m.fused.kappa) << ','
           << g(m.fused.weyl_bound) << ',' << g(m.per_head.kappa) << ',' << g(m.per_head.weyl_bound)
           << ',' << g(m.exact_kappa) << ',' << g(m.exact_predicted) << ',' << m.cond.method
-          << ",,,\n";
+          << ",,,,,,,,,,,\n";
       };
       row("all", "all", L.q, L.spec.q.width);
       row("all", "all", L.k, L.spec.k.width);
@@ -202,18 +227,102 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
         row(hh, kk, h.k, L.heads.d_k);
         row(hh, kk, h.v, L.heads.d_v);
       }
-      for (const JacobianStats& j : L.jacobian) {
-        const auto& J = j.report.J;
-        o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head
-          << ",J,," << jacobian_rows(rep.tokens, L.heads.d_v) << ','
+      auto jrow = [&](const JacobianStats& j, const std::string& matrix, const Theorem34Report& t) {
+        const auto& J = t.J;
+        o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head << ','
+          << matrix << ",," << jacobian_rows(rep.tokens, L.heads.d_v) << ','
           << jacobian_cols(JacobianBlock::All, rep.tokens, L.spec.D, L.heads.d_k, L.heads.d_v)
           << ',' << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ','
           << g(J.kappa_plus) << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ','
-          << g(j.report.bound) << ',' << g(j.report.bound_plus) << ','
-          << (j.report.holds_plus ? "true" : "false") << '\n';
+          << g(t.bound) << ',' << g(t.bound_plus) << ',' << (t.holds_plus ? "true" : "false");
+        if (t.have_diagnostics) {
+          const AttentionPattern& p = t.diagnostics.pattern;
+          o << ',' << g(t.free_bound.bound) << ','
+            << (free_bound_holds(t.free_bound, J) ? "true" : "false") << ',' << g(p.row_max_min)
+            << ',' << g(p.row_max_mean) << ',' << g(p.entropy_mean) << ','
+            << g(p.saturated_fraction) << ',' << p.saturated_diagonal << ','
+            << g(t.diagnostics.norms.ratio_QK_V) << ','
+            << (t.diagnostics.collapsed ? "true" : "false");
+        } else {
+          o << ",,,,,,,,,";
+        }
+        o << '\n';
+      };
+      for (const JacobianStats& j : L.jacobian) {
+        jrow(j, "J", j.report);
+        for (const CorrectedJacobian& c : j.corrected) jrow(j, "J+" + c.correction, c.report);
       }
     }
   }
+  return o.str();
+}
+
+/// The table part of κ(J) before and after the corrections, the bound without hypothesis and
+/// the attention pattern of every head (MATH.md §5, §11).
+inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
+  std::ostringstream o;
+  auto k = [](double x) { return detail_fmt::g(x, 4); };
+  bool any_corr = false;
+  for (const LayerStats& L : rep.layers)
+    for (const JacobianStats& j : L.jacobian) any_corr = any_corr || !j.corrected.empty();
+  if (any_corr) {
+    o << "\nkappa(J) before and after the corrections (lambda = " << rep.lambda
+      << "), with the bound without hypothesis b = sigma_max(J)/sigma_N(P X) (MATH.md §5; inf: "
+         "N > D or P X singular):\n";
+    o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(18)
+      << "weights" << std::right << std::setw(11) << "kappa(J)" << std::setw(11) << "kappa+(J)"
+      << std::setw(11) << "b" << std::setw(11) << "kappa(X)" << std::setw(11) << "collapsed"
+      << '\n';
+  }
+  for (const LayerStats& L : rep.layers)
+    for (const JacobianStats& j : L.jacobian) {
+      if (j.corrected.empty()) continue;
+      auto row = [&](const std::string& what, const Theorem34Report& t) {
+        o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
+          << what << std::right << std::setw(11) << k(t.J.kappa) << std::setw(11)
+          << k(t.J.kappa_plus) << std::setw(11)
+          << (t.have_diagnostics ? k(t.free_bound.bound) : std::string("-")) << std::setw(11)
+          << k(t.X.kappa) << std::setw(11)
+          << (t.have_diagnostics ? (t.diagnostics.collapsed ? "YES" : "no") : "-") << '\n';
+      };
+      row("original", j.report);
+      for (const CorrectedJacobian& c : j.corrected)
+        row(c.correction == "lambda_fused"      ? "+lambda I fused"
+            : c.correction == "lambda_per_head" ? "+lambda I per-head"
+                                                : "exact",
+            c.report);
+    }
+  o << "\nAttention pattern of each head (MATH.md §11): row max m_i = max_j P_ij, entropy H_i, "
+       "saturated rows (m_i > 1 - 1e-6, on the diagonal),\nand ||J_QK||_2/||J_V||_2 (spectral "
+       "norms, J_QK = [J_Q | J_K]):\n";
+  o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(18) << "weights"
+    << std::right << std::setw(10) << "min m_i" << std::setw(10) << "mean m_i" << std::setw(10)
+    << "mean H_i" << std::setw(12) << "saturated" << std::setw(12) << "diagonal" << std::setw(14)
+    << "|J_QK|/|J_V|" << '\n';
+  std::vector<std::string> notes;
+  for (const LayerStats& L : rep.layers)
+    for (const JacobianStats& j : L.jacobian) {
+      auto row = [&](const std::string& what, const Theorem34Report& t) {
+        if (!t.have_diagnostics) return;
+        const AttentionPattern& p = t.diagnostics.pattern;
+        o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
+          << what << std::right << std::setw(10) << k(p.row_max_min) << std::setw(10)
+          << k(p.row_max_mean) << std::setw(10) << k(p.entropy_mean) << std::setw(12)
+          << (std::to_string(p.saturated) + "/" + std::to_string(p.rows)) << std::setw(12)
+          << p.saturated_diagonal << std::setw(14) << k(t.diagnostics.norms.ratio_QK_V) << '\n';
+        if (!t.diagnostics.note.empty())
+          notes.push_back("layer " + std::to_string(L.spec.index) + " head " +
+                          std::to_string(j.head) + " (" + what + "): " + t.diagnostics.note);
+      };
+      row("original", j.report);
+      for (const CorrectedJacobian& c : j.corrected)
+        if (!c.unchanged)
+          row(c.correction == "lambda_fused"      ? "+lambda I fused"
+              : c.correction == "lambda_per_head" ? "+lambda I per-head"
+                                                  : "exact",
+              c.report);
+    }
+  for (const std::string& n : notes) o << "  " << n << '\n';
   return o.str();
 }
 
@@ -277,6 +386,7 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
             << g(j.seconds, 3) << " s)\n";
         }
     }
+    if (any_j) o << jacobian_corrections_table(rep);
     o << '\n';
   }
   return o.str();

@@ -173,6 +173,41 @@ void table_bound(std::ostream& o, const Theorem34Report& t, const VerifyShape& s
     << num(c.acc_bound) << "): " << to_string(c.verdict) << '\n';
 }
 
+void table_diagnostics(std::ostream& o, const AttentionDiagnostics& d) {
+  const AttentionPattern& p = d.pattern;
+  const JacobianBlockNorms& n = d.norms;
+  o << "\nAttention pattern (MATH.md §11)\n";
+  auto row = [&o](const char* key, const std::string& value) {
+    o << "  " << std::left << std::setw(20) << key << value << '\n';
+  };
+  row("row max", "min " + num(p.row_max_min) + ", mean " + num(p.row_max_mean));
+  row("row entropy", "mean " + num(p.entropy_mean) + " (log N for uniform rows)");
+  row("saturated rows", std::to_string(p.saturated) + " of " + std::to_string(p.rows) + " (" +
+                            std::to_string(p.saturated_diagonal) +
+                            " on the diagonal; max_j P_ij > 1 - 1e-6)");
+  row("||J_Q||_2", num(n.sigma_max_JQ));
+  row("||J_K||_2", num(n.sigma_max_JK));
+  row("||J_V||_2", num(n.sigma_max_JV) + " (= sigma_1(P X))");
+  row("||J_QK||/||J_V||", num(n.ratio_QK_V) + " (spectral norms, J_QK = [J_Q | J_K])");
+  row("collapsed", d.collapsed ? "YES" : "no");
+  if (!d.note.empty()) row("note", d.note);
+}
+
+void table_free_bound(std::ostream& o, const HypothesisFreeBound& b,
+                      const ConditionResult<double>& J) {
+  o << "\nBound without hypothesis (MATH.md §5): kappa(J) <= sigma_max(J) / sigma_N(P X), N <= D\n";
+  auto row = [&o](const char* key, const std::string& value) {
+    o << "  " << std::left << std::setw(20) << key << value << '\n';
+  };
+  row("sigma_max(J)",
+      num(b.sigma_max_J) + " (Lanczos on J J^T, residual " + num(b.sigma_max_residual) + ")");
+  row("sigma_N(P X)", num(b.PX.sigma_min) + " (rank " + std::to_string(b.PX.rank) + ")");
+  row("bound", num(b.bound) + (b.applicable ? "" : " (not applicable)"));
+  row("ratio", num(b.bound / J.kappa) + " (bound / kappa(J))");
+  row("holds", free_bound_holds(b, J) ? "yes" : "NO (a bug: the bound is proven)");
+  if (!b.note.empty()) row("note", b.note);
+}
+
 /// Writes `text` to --out atomically, or to stdout.
 void emit(const KappaArgs& a, const std::string& text, const std::string& summary) {
   if (a.out.empty()) {
@@ -240,9 +275,16 @@ void run_attention(const KappaArgs& a) {
   } else {
     r = on_device ? *on_device : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, opts, jo);
   }
-  bar.done();
-  if (r.info == Info::InvalidInput)
+  if (r.info == Info::InvalidInput) {
+    bar.done();
     throw NumericalFailure("J has NaN or Inf entries (are the inputs very large?)");
+  }
+  // The attention diagnostics go with every kappa(J) (MATH.md §11); --bound has them already.
+  const AttentionDiagnostics diag =
+      report ? report->diagnostics
+             : attention_diagnostics(in.X, in.WQ, in.WK, in.WV, opts,
+                                     attention_forward(in.X, in.WQ, in.WK, in.WV, opts).P);
+  bar.done();
 
   const Index rows = jacobian_rows(N, dv);
   const Index cols = jacobian_cols(JacobianBlock::All, N, D, dk, dv);
@@ -251,6 +293,7 @@ void run_attention(const KappaArgs& a) {
   if (a.format == "json") {
     nlohmann::json j = kappa_json("attention", rows, cols, r, report ? &*report : nullptr,
                                   VerifyShape{N, D, dk, dv});
+    if (!report) j["attention"] = diagnostics_json(diag);
     j["N"] = N;
     j["D"] = D;
     j["d_k"] = dk;
@@ -267,7 +310,11 @@ void run_attention(const KappaArgs& a) {
       << ", d_k = " << dk << ", d_v = " << dv << ", scale = " << num(c) << ", mask = " << a.mask
       << ")\n";
     table_condition(o, r);
-    if (report) table_bound(o, *report, VerifyShape{N, D, dk, dv});
+    table_diagnostics(o, diag);
+    if (report) {
+      table_bound(o, *report, VerifyShape{N, D, dk, dv});
+      table_free_bound(o, report->free_bound, r);
+    }
     text = o.str();
   }
   emit(a, text, "kappa(J) = " + num(r.kappa) + ", kappa_plus(J) = " + num(r.kappa_plus));

@@ -76,6 +76,46 @@ inline void put_bound(nlohmann::json& j, const Theorem34Report& t, const VerifyS
   j["bound_plus_accuracy"] = json_number(c.acc_bound);
 }
 
+/// The attention diagnostics of one block (MATH.md §11; keys in docs/cli.md): the pattern of P
+/// and the spectral norms of J's blocks.
+inline nlohmann::json diagnostics_json(const AttentionDiagnostics& d) {
+  const AttentionPattern& p = d.pattern;
+  const JacobianBlockNorms& n = d.norms;
+  return {{"row_max_min", json_number(p.row_max_min)},
+          {"row_max_mean", json_number(p.row_max_mean)},
+          {"entropy_mean", json_number(p.entropy_mean)},
+          {"saturated_rows", p.saturated},
+          {"saturated_diagonal", p.saturated_diagonal},
+          {"saturated_fraction", json_number(p.saturated_fraction)},
+          {"collapsed", d.collapsed},
+          {"norm", "spectral"},
+          {"sigma_max_JQ", json_number(n.sigma_max_JQ)},
+          {"sigma_max_JK", json_number(n.sigma_max_JK)},
+          {"sigma_max_JQK", json_number(n.sigma_max_JQK)},
+          {"sigma_max_JV", json_number(n.sigma_max_JV)},
+          {"ratio_QK_V", json_number(n.ratio_QK_V)},
+          {"norms_converged", n.converged},
+          {"note", d.note}};
+}
+
+/// The bound that needs no hypothesis, κ(J) <= σ_max(J) / σ_N(P X) (MATH.md §5), beside the
+/// κ(J) it bounds (keys in docs/cli.md).
+inline nlohmann::json free_bound_json(const HypothesisFreeBound& b,
+                                      const ConditionResult<double>& J) {
+  return {{"applicable", b.applicable},
+          {"bound", json_number(b.bound)},
+          {"sigma_max_J", json_number(b.sigma_max_J)},
+          {"sigma_max_residual", json_number(b.sigma_max_residual)},
+          {"sigma_N_PX", json_number(b.PX.sigma_min)},
+          {"sigma_max_PX", json_number(b.PX.sigma_max)},
+          {"rank_PX", b.PX.rank},
+          {"accuracy", json_number(b.accuracy)},
+          {"ratio", json_number(b.bound / J.kappa)},
+          {"holds", free_bound_holds(b, J)},
+          {"info", to_string(b.info)},
+          {"note", b.note}};
+}
+
 /// The JSON of `spectral-cond kappa`: "input" ("matrix" or "attention"), "rows" and "cols" of
 /// the matrix whose kappa it is (M or J), the condition fields, and the bound's terms when
 /// `bound` is given (for attention inputs of sizes `shape`).
@@ -89,6 +129,10 @@ inline nlohmann::json kappa_json(const std::string& input, Index rows, Index col
   j["cols"] = cols;
   put_condition(j, r);
   if (bound != nullptr) put_bound(j, *bound, shape);
+  if (bound != nullptr && bound->have_diagnostics) {
+    j["attention"] = diagnostics_json(bound->diagnostics);
+    j["bound_free"] = free_bound_json(bound->free_bound, r);
+  }
   return j;
 }
 
@@ -116,9 +160,10 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
                  {"weyl", counts_json(rep.weyl)},
                  {"kronecker", counts_json(rep.kronecker)},
                  {"concatenation", counts_json(rep.concatenation)},
-                 {"concatenation_J", counts_json(rep.concatenation_J)}};
+                 {"concatenation_J", counts_json(rep.concatenation_J)},
+                 {"bound_free", counts_json(rep.bound_free)}};
   Index held = 0, violated = 0, held_plus = 0, violated_plus = 0, inconclusive_plus = 0;
-  Index vacuous = 0, inf_j = 0;
+  Index vacuous = 0, inf_j = 0, collapsed = 0;
   double worst = std::numeric_limits<double>::quiet_NaN(), best = worst;
   nlohmann::json regimes = nlohmann::json::array();
   for (const RegimeStats& s : rep.regimes) {
@@ -135,6 +180,11 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
     r["worst_ratio_plus"] = json_number(s.worst_ratio_plus);
     r["max_ratio_plus"] = json_number(s.max_ratio_plus);
     r["proven_failures"] = s.proven_failures;
+    r["median_kappa_J_before"] = json_number(s.median_kappa_J_before);
+    r["median_kappa_J_after"] = json_number(s.median_kappa_J_after);
+    r["lowered"] = s.lowered;
+    r["collapsed"] = s.collapsed;
+    collapsed += s.collapsed;
     regimes.push_back(r);
     held += s.held;
     violated += s.violated;
@@ -155,7 +205,8 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
                     {"inconclusive_plus", inconclusive_plus},
                     {"kappa_J_infinite", inf_j},
                     {"worst_ratio_plus", json_number(worst)},
-                    {"max_ratio_plus", json_number(best)}};
+                    {"max_ratio_plus", json_number(best)},
+                    {"collapsed", collapsed}};
   j["regimes"] = regimes;
   nlohmann::json viol = nlohmann::json::array();
   for (const VerifyViolation& v : rep.violations) {

@@ -18,6 +18,7 @@
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/core/random.hpp>
 #include <spectral_cond/testing/checks.hpp>
+#include <spectral_cond/testing/free_bound_check.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -140,6 +141,12 @@ struct RegimeStats {
   double worst_ratio_plus = std::numeric_limits<double>::quiet_NaN();
   double max_ratio_plus = std::numeric_limits<double>::quiet_NaN();
   Index proven_failures = 0;  ///< failed proven checks on this regime's instances
+  /// κ(J) of the raw weights and of W + λ I_k (equal when λ = 0), one per instance, by dense SVD
+  std::vector<double> kappa_J_before, kappa_J_after;
+  double median_kappa_J_before = std::numeric_limits<double>::quiet_NaN();
+  double median_kappa_J_after = std::numeric_limits<double>::quiet_NaN();
+  Index lowered = 0;    ///< instances with κ(J) after < before
+  Index collapsed = 0;  ///< instances whose attention collapsed to the identity after λ (§11)
 };
 
 /// One failed check, with everything needed to rebuild its instance.
@@ -163,12 +170,14 @@ struct VerifyReport {
   Index instances = 0;
   std::vector<RegimeStats> regimes;
   CheckCounts theorem35, theorem35_target, weyl, kronecker, concatenation, concatenation_J;
+  /// κ(J) <= σ_max(J) / σ_N(P X) (MATH.md §5, proven), on W + λ I_k
+  CheckCounts bound_free;
   std::vector<VerifyViolation> violations;
 
   /// Every proven statement held wherever its hypothesis was met.
   bool proven_ok() const {
     return theorem35.violated + theorem35_target.violated + weyl.violated + kronecker.violated +
-               concatenation.violated + concatenation_J.violated ==
+               concatenation.violated + concatenation_J.violated + bound_free.violated ==
            0;
   }
 };
@@ -305,6 +314,38 @@ inline double max_ignoring_nan(double a, double b) {
   return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
 }
 
+/// κ(J) of the raw weights beside that of W + λ I_k (t.J), and whether attention collapsed.
+inline void record_lambda_effect(const VerifyInstance& in, const AttentionOptions<double>& ao,
+                                 const Theorem34Report& t, RegimeStats& st) {
+  double before = t.J.kappa;
+  if (in.regime.lambda != 0) {
+    JacobianKappaOptions jo;
+    jo.method = JacobianKappaMethod::Dense;
+    before = kappa_jacobian<double>(in.X, in.W_Q, in.W_K, in.W_V, ao, jo).kappa;
+  }
+  st.kappa_J_before.push_back(before);
+  st.kappa_J_after.push_back(t.J.kappa);
+  if (t.J.kappa < before) ++st.lowered;
+  if (t.have_diagnostics && t.diagnostics.collapsed) ++st.collapsed;
+}
+
+/// The median of `v` (+inf counts as the largest value; NaN entries are ignored).
+inline double median_of(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  if (n % 2 == 1) return v[n / 2];
+  const double a = v[n / 2 - 1], b = v[n / 2];
+  return std::isinf(b) ? b : 0.5 * (a + b);
+}
+
+/// The medians of a regime's κ(J) before and after λ, once its instances are done.
+inline void finish_regime(RegimeStats& st) {
+  st.median_kappa_J_before = median_of(st.kappa_J_before);
+  st.median_kappa_J_after = median_of(st.kappa_J_after);
+}
+
 /// Every check on one instance.
 inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, VerifyReport& rep,
                             RegimeStats& st) {
@@ -361,6 +402,9 @@ inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, Ve
     st.worst_ratio_plus = min_ignoring_nan(st.worst_ratio_plus, bc.ratio);
     st.max_ratio_plus = max_ignoring_nan(st.max_ratio_plus, bc.ratio);
   }
+  count_check(rep, st, in, rep.bound_free, "bound_free", "J",
+              check_hypothesis_free_bound(t.free_bound, t.J));
+  record_lambda_effect(in, ao, t, st);
   if (!t.holds)
     record(rep, st, in, "theorem34", false, "J",
            check_result(CheckStatus::Violated, t.J.kappa, t.bound, "kappa(J) against the bound"));
@@ -418,6 +462,7 @@ inline VerifyReport verify_sweep(const VerifyOptions& o) {
       ++rep.instances;
       if (o.progress) o.progress(static_cast<double>(rep.instances) / static_cast<double>(total));
     }
+    detail::finish_regime(st);
     rep.regimes.push_back(st);
   }
   return rep;

@@ -11,6 +11,7 @@
 
 #include "spectral_cond/detail/instances.hpp"
 
+#include "spectral_cond/conditioning/diagnostics.hpp"
 #include "spectral_cond/conditioning/methods/kappa_jacobian.hpp"
 
 #include "spectral_cond/linalg/eigen.hpp"
@@ -67,6 +68,9 @@ struct BoundOptions {
   /// κ(J) computed elsewhere (for instance on a GPU by cuda::kappa_jacobian_batched), used as
   /// is instead of kappa_jacobian; must belong to the same inputs. Not owned.
   const ConditionResult<double>* jacobian_result = nullptr;
+  /// Also the attention diagnostics (MATH.md §11) and the bound that needs no hypothesis
+  /// (σ_max(J) / σ_N(P X), §5); a few matrix-free products with J.
+  bool diagnostics = true;
 };
 
 /// Everything Theorem 3.4 mentions, and the verdicts.
@@ -82,6 +86,11 @@ struct Theorem34Report {
   bool holds_plus = false;  ///< kappa_plus(J) <= bound_plus, within κ(J)'s stated accuracy
   bool vacuous = false;     ///< bound is +inf
   std::string verdict;      ///< one plain sentence
+  bool have_diagnostics = false;     ///< diagnostics and free_bound computed
+  AttentionDiagnostics diagnostics;  ///< the attention pattern and block norms (MATH.md §11)
+  HypothesisFreeBound free_bound;    ///< κ(J) <= σ_max(J) / σ_N(P X) for N <= D (§5, proven)
+  /// kappa(J) <= free_bound.bound within the rounding of both sides (true when not applicable)
+  bool free_bound_holds = true;
 };
 
 namespace detail {
@@ -154,6 +163,12 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
     r.JQ = detail::block_condition(in, JacobianBlock::Q, jo);
     r.JK = detail::block_condition(in, JacobianBlock::K, jo);
     r.JV = detail::block_condition(in, JacobianBlock::V, jo);
+  }
+  if (bo.diagnostics) {
+    r.have_diagnostics = true;
+    r.diagnostics = attention_diagnostics(in.X, in.WQ, in.WK, in.WV, in.opts, cache.P);
+    r.free_bound = hypothesis_free_bound(in.X, in.WQ, in.WK, in.WV, in.opts, cache.P);
+    r.free_bound_holds = free_bound_holds(r.free_bound, r.J);
   }
   r.bound =
       detail::bound_value(r.X.kappa, r.Lambda.kappa, r.WV.kappa, r.WQ.kappa, r.WK.kappa, r.P.kappa);
