@@ -5,6 +5,9 @@
 // `kappa` and `verify` (apps/spectral-cond/report_json.hpp, documented in docs/cli.md).
 #include <spectral_cond/testing/checks.hpp>
 
+#include <spectral_cond/testing/extended.hpp>
+
+#include "../apps/spectral-cond/extended_rechecks.hpp"
 #include "../apps/spectral-cond/verify_sweep.hpp"
 
 #include "support/test_helpers.hpp"
@@ -216,6 +219,10 @@ TEST_CASE("a tiny sweep runs, its counts add up, and every proven statement hold
   CHECK(rep.kronecker.total() == rep.instances);
   CHECK(rep.concatenation.total() == rep.instances);
   CHECK(rep.concatenation_J.total() == rep.instances);
+  for (const RegimeStats& s : rep.regimes)  // no rechecks supplied: float64 verdicts stand
+    CHECK(s.final_held + s.final_violated + s.final_inconclusive + s.final_unresolved +
+              s.final_unchecked ==
+          s.instances);
   CHECK(rep.proven_ok());
   CHECK(rep.theorem35.violated == 0);
   CHECK(rep.theorem35_target.violated == 0);
@@ -242,6 +249,176 @@ TEST_CASE("a tiny sweep runs, its counts add up, and every proven statement hold
   }
   o.instances_per_regime = 0;
   CHECK_THROWS_AS(verify_sweep(o), std::invalid_argument);
+}
+
+TEST_CASE("every rank decision reports its gap and whether rounding could change it") {
+  const double eps = ScalarTraits<double>::eps();
+  Vec<double> sv(3);
+  sv << 1, 1e-3, 1e-20;  // tolerance 3 eps: a clean cut between 1e-3 and 1e-20
+  ConditionResult<double> r = condition_from_singular_values<double>(sv, 3, 3);
+  CHECK(r.rank == 2);
+  CHECK(r.sigma_dropped == 1e-20);
+  CHECK(r.rank_gap == doctest::Approx(1e17));
+  CHECK(r.rank_certain);
+  sv << 1, 1e-3, 2 * eps;  // dropped, but within a factor 10 of the tolerance 3 eps
+  r = condition_from_singular_values<double>(sv, 3, 3);
+  CHECK(r.rank == 2);
+  CHECK_FALSE(r.rank_certain);
+  sv << 1, 1e-3, 20 * eps;  // kept, but within a factor 10 of the tolerance
+  r = condition_from_singular_values<double>(sv, 3, 3);
+  CHECK(r.rank == 3);
+  CHECK(r.sigma_dropped == 0);
+  CHECK(std::isinf(r.rank_gap));
+  CHECK_FALSE(r.rank_certain);
+  sv << 1, 1e-3, 40 * eps;  // kept with room
+  CHECK(condition_from_singular_values<double>(sv, 3, 3).rank_certain);
+  KappaOptions<double> ko;
+  ko.rank_margin = 0.5;
+  CHECK_THROWS_AS(condition_from_singular_values<double>(sv, 3, 3, ko), std::invalid_argument);
+  // A dense kappa certifies too: the gauge null space of a tall J is exact (noise ~ eps).
+  std::mt19937_64 rng(kSeed + 9);
+  const Mat<double> W = randn<double>(6, 3, rng);
+  CHECK(kappa(W).rank_certain);
+  Mat<double> Wd = W;
+  Wd.col(2) = Wd.col(1);
+  const ConditionResult<double> kd = kappa(Wd);
+  CHECK(kd.rank == 2);
+  CHECK(kd.rank_gap > 1e10);
+}
+
+TEST_CASE("concatenation: one rank policy for the blocks and the whole") {
+  // Two 2 x 2 blocks diag(1, d) with d = 3.5 eps: under a per-block tolerance (2 eps) each is of
+  // full row rank, under the whole's (4 eps sigma_1(M) = 5.7 eps) M = [A | A] is singular. One
+  // policy makes the blocks rank-deficient too (hypothesis not met), and flags the cut as
+  // within rounding; in extended precision d is far from zero and the lemma holds.
+  const double d = 3.5 * ScalarTraits<double>::eps();
+  Mat<double> A = Mat<double>::Identity(2, 2);
+  A(1, 1) = d;
+  const CheckResult r = check_concatenation({A, A});
+  CHECK(r.status == CheckStatus::NotApplicable);
+  CHECK_FALSE(r.rank_certain);
+  const CheckResult e = check_concatenation_extended({A, A});
+  CHECK(e.status == CheckStatus::Held);
+  CHECK(e.rank_certain);
+  CHECK(e.lhs == doctest::Approx(1 / d).epsilon(1e-12));  // kappa([A | A]) = 1/d exactly
+  CHECK(e.rhs == doctest::Approx(2 / d).epsilon(1e-12));
+  // Clean inputs: certain in float64, and the same verdict in extended precision.
+  std::mt19937_64 rng(kSeed + 10);
+  const std::vector<Mat<double>> blocks = {randn<double>(3, 4, rng), randn<double>(3, 3, rng)};
+  const CheckResult c = check_concatenation(blocks), ce = check_concatenation_extended(blocks);
+  CHECK(c.status == CheckStatus::Held);
+  CHECK(c.rank_certain);
+  CHECK(ce.status == CheckStatus::Held);
+  CHECK(ce.lhs == doctest::Approx(c.lhs).epsilon(1e-12));
+}
+
+namespace {
+
+/// Theorem 3.4's ratio bound_plus / kappa_plus(J) recomputed independently of the library's
+/// code: P by its own softmax loop, 𝚲 assembled densely, J from the Kronecker form of MATH.md
+/// §3 (J_Q = c (V^T ⊗ I) 𝚲 (K ⊗ X), J_K = c (V^T ⊗ I) 𝚲 (X ⊗ Q) T, J_V = I ⊗ P X), singular
+/// values by BDCSVD (not Jacobi), ranks at the tolerance sqrt(eps) sigma_1, at `digits` digits.
+Extended independent_ratio(const VerifyInstance& in, unsigned digits) {
+  using E = Extended;
+  const ExtendedPrecision precision(digits);
+  const Mat<E> X = in.X.cast<E>(), WQ = in.corrected(in.W_Q).cast<E>(),
+               WK = in.corrected(in.W_K).cast<E>(), WV = in.corrected(in.W_V).cast<E>();
+  const Index N = X.rows(), D = X.cols(), dk = WQ.cols(), dv = WV.cols();
+  const E c(in.c);
+  const Mat<E> Q = X * WQ, K = X * WK, V = X * WV;
+  const Mat<E> Z = c * (Q * K.transpose());
+  Mat<E> P = Mat<E>::Zero(N, N);
+  for (Index i = 0; i < N; ++i) {
+    const Index n = in.regime.mask == MaskKind::Causal ? i + 1 : N;
+    E m = Z(i, 0), sum = 0;
+    for (Index j = 1; j < n; ++j) m = std::max(m, Z(i, j));
+    for (Index j = 0; j < n; ++j) sum += (P(i, j) = boost::multiprecision::exp(Z(i, j) - m));
+    P.row(i) /= sum;
+  }
+  Mat<E> Lam = Mat<E>::Zero(N * N, N * N);
+  for (Index i = 0; i < N; ++i)
+    for (Index j = 0; j < N; ++j)
+      for (Index k = 0; k < N; ++k)
+        Lam(i + N * j, i + N * k) = (j == k ? P(i, j) : E(0)) - P(i, j) * P(i, k);
+  const Mat<E> VtI = Eigen::kroneckerProduct(V.transpose(), Mat<E>::Identity(N, N)).eval();
+  const Mat<E> JQ = c * VtI * Lam * Eigen::kroneckerProduct(K, X).eval();
+  const Mat<E> MK = c * VtI * Lam * Eigen::kroneckerProduct(X, Q).eval();
+  const Mat<E> PX = P * X;
+  Mat<E> J(N * dv, 2 * D * dk + D * dv);
+  J.leftCols(D * dk) = JQ;
+  for (Index a = 0; a < D; ++a)
+    for (Index b = 0; b < dk; ++b) J.col(D * dk + a + D * b) = MK.col(b + dk * a);  // T_{D,d_k}
+  J.rightCols(D * dv) = Eigen::kroneckerProduct(Mat<E>::Identity(dv, dv), PX).eval();
+  const E tol = boost::multiprecision::sqrt(std::numeric_limits<E>::epsilon());
+  auto kplus = [&tol](const Mat<E>& M) {
+    const Vec<E> s = Eigen::BDCSVD<Mat<E>>(M).singularValues();
+    Index k = 0;
+    while (k < s.size() && s(k) > tol * s(0)) ++k;
+    return E(s(0) / s(k - 1));
+  };
+  const E kx = kplus(X);
+  const E bound = kx * kx * kx * kplus(Lam) * kplus(WV) * (kplus(WQ) + kplus(WK)) + kx * kplus(P);
+  return bound / kplus(J);
+}
+
+}  // namespace
+
+TEST_CASE("verify's real / artefact classification matches an independent recomputation") {
+  // The N < D shapes (N <= 4), where the recomputation is cheap, at the default seed.
+  VerifyOptions o;
+  o.shapes = {{4, 8, 4, 4}, {3, 7, 2, 2}};
+  o.rechecks = cli::extended_rechecks();
+  const VerifyReport rep = verify_sweep(o);
+  Index real = 0, artefact = 0;
+  for (const VerifyViolation& v : rep.violations) {
+    if (v.statement != "theorem34_plus" || v.digits > 320) continue;
+    INFO("seed " << v.seed << ", " << v.classification << ", " << v.extended_detail);
+    REQUIRE((v.classification == "real" || v.classification == "artefact"));
+    const VerifyInstance in = make_verify_instance(v.regime, v.shape, v.seed);
+    const Extended ratio = independent_ratio(in, 2 * v.digits);
+    INFO("independent ratio " << extended_str(ratio));
+    if (v.classification == "real") {
+      ++real;
+      CHECK(ratio < 1);
+      CHECK(extended_to_double(ratio) == doctest::Approx(v.exact_ratio).epsilon(1e-12));
+    } else {
+      ++artefact;
+      CHECK(ratio > 1);
+    }
+  }
+  CHECK(real > 0);  // both kinds occur on these instances: the test can fail either way
+  CHECK(artefact > 0);
+}
+
+TEST_CASE("verify with extended re-checks: seeds default, 1 and 424242 fail no proven statement") {
+  for (std::uint64_t seed : {VerifyOptions{}.seed, std::uint64_t{1}, std::uint64_t{424242}}) {
+    VerifyOptions o;
+    o.seed = seed;
+    o.rechecks = cli::extended_rechecks();
+    const VerifyReport rep = verify_sweep(o);
+    INFO("seed " << seed);
+    CHECK(rep.proven_ok());
+    Index real = 0;
+    for (const VerifyViolation& v : rep.violations) {
+      INFO(v.statement << " " << v.classification << ": " << v.detail << " / "
+                       << v.extended_detail);
+      CHECK(!v.proven);
+      if (v.statement == "theorem34_plus" && v.classification == "real") {
+        ++real;
+        CHECK(v.exact_ratio < 1);
+      }
+      if (v.statement == "theorem34_plus" && v.classification == "artefact")
+        CHECK(!(v.exact_ratio < 1));
+    }
+    Index final_violated = 0;
+    for (const RegimeStats& s : rep.regimes) {
+      CHECK(s.final_held + s.final_violated + s.final_inconclusive + s.final_unresolved ==
+            s.instances);
+      CHECK(s.final_unchecked == 0);
+      final_violated += s.final_violated;
+    }
+    CHECK(real == final_violated);
+  }
 }
 
 #ifdef SC_TEST_HAVE_JSON

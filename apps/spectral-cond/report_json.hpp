@@ -24,8 +24,8 @@ inline nlohmann::json json_number(double v) {
 }
 
 /// The fields of a ConditionResult under their own names (kappa.hpp): sigma_max, sigma_min,
-/// kappa, sigma_min_plus, kappa_plus, rank, rank_tol, method, accuracy, iterations, residual,
-/// info, note.
+/// kappa, sigma_min_plus, kappa_plus, rank, rank_tol, sigma_dropped, rank_gap, rank_certain,
+/// method, accuracy, iterations, residual, info, note.
 inline void put_condition(nlohmann::json& j, const ConditionResult<double>& r) {
   j["sigma_max"] = json_number(r.sigma_max);
   j["sigma_min"] = json_number(r.sigma_min);
@@ -34,6 +34,9 @@ inline void put_condition(nlohmann::json& j, const ConditionResult<double>& r) {
   j["kappa_plus"] = json_number(r.kappa_plus);
   j["rank"] = r.rank;
   j["rank_tol"] = json_number(r.rank_tol);
+  j["sigma_dropped"] = json_number(r.sigma_dropped);
+  j["rank_gap"] = json_number(r.rank_gap);
+  j["rank_certain"] = r.rank_certain;
   j["method"] = r.method;
   j["accuracy"] = json_number(r.accuracy);
   j["iterations"] = r.iterations;
@@ -137,7 +140,9 @@ inline nlohmann::json kappa_json(const std::string& input, Index rows, Index col
 }
 
 inline nlohmann::json counts_json(const CheckCounts& c) {
-  return {{"held", c.held}, {"violated", c.violated}, {"not_applicable", c.not_applicable}};
+  return {
+      {"held", c.held},           {"violated", c.violated},   {"not_applicable", c.not_applicable},
+      {"rechecked", c.rechecked}, {"artefacts", c.artefacts}, {"unresolved", c.unresolved}};
 }
 
 inline nlohmann::json regime_json(const VerifyRegime& r) {
@@ -164,7 +169,9 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
                  {"bound_free", counts_json(rep.bound_free)}};
   Index held = 0, violated = 0, held_plus = 0, violated_plus = 0, inconclusive_plus = 0;
   Index vacuous = 0, inf_j = 0, collapsed = 0;
-  double worst = std::numeric_limits<double>::quiet_NaN(), best = worst;
+  Index f_held = 0, f_violated = 0, f_inconclusive = 0, f_unresolved = 0, f_unchecked = 0;
+  Index rechecked = 0, uncertain = 0, artefacts = 0, missed = 0;
+  double worst = std::numeric_limits<double>::quiet_NaN(), best = worst, worst_real = worst;
   nlohmann::json regimes = nlohmann::json::array();
   for (const RegimeStats& s : rep.regimes) {
     nlohmann::json r = regime_json(s.regime);
@@ -185,7 +192,27 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
     r["lowered"] = s.lowered;
     r["collapsed"] = s.collapsed;
     collapsed += s.collapsed;
+    r["final"] = {{"held", s.final_held},
+                  {"violated", s.final_violated},
+                  {"inconclusive", s.final_inconclusive},
+                  {"unresolved", s.final_unresolved},
+                  {"unchecked", s.final_unchecked},
+                  {"rechecked", s.rechecked},
+                  {"rank_uncertain", s.rank_uncertain},
+                  {"artefacts", s.artefacts},
+                  {"missed", s.missed},
+                  {"worst_real_ratio", json_number(s.worst_real_ratio)}};
     regimes.push_back(r);
+    f_held += s.final_held;
+    f_violated += s.final_violated;
+    f_inconclusive += s.final_inconclusive;
+    f_unresolved += s.final_unresolved;
+    f_unchecked += s.final_unchecked;
+    rechecked += s.rechecked;
+    uncertain += s.rank_uncertain;
+    artefacts += s.artefacts;
+    missed += s.missed;
+    worst_real = detail::min_ignoring_nan(worst_real, s.worst_real_ratio);
     held += s.held;
     violated += s.violated;
     held_plus += s.held_plus;
@@ -206,7 +233,18 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
                     {"kappa_J_infinite", inf_j},
                     {"worst_ratio_plus", json_number(worst)},
                     {"max_ratio_plus", json_number(best)},
-                    {"collapsed", collapsed}};
+                    {"collapsed", collapsed},
+                    {"final",
+                     {{"held", f_held},
+                      {"violated", f_violated},
+                      {"inconclusive", f_inconclusive},
+                      {"unresolved", f_unresolved},
+                      {"unchecked", f_unchecked},
+                      {"rechecked", rechecked},
+                      {"rank_uncertain", uncertain},
+                      {"artefacts", artefacts},
+                      {"missed", missed},
+                      {"worst_real_ratio", json_number(worst_real)}}}};
   j["regimes"] = regimes;
   nlohmann::json viol = nlohmann::json::array();
   for (const VerifyViolation& v : rep.violations) {
@@ -224,6 +262,11 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
     e["lhs"] = json_number(v.lhs);
     e["rhs"] = json_number(v.rhs);
     e["detail"] = v.detail;
+    e["classification"] = v.classification;
+    e["exact_ratio"] = json_number(v.exact_ratio);
+    e["exact_ratio_text"] = v.exact_ratio_text;
+    e["digits"] = v.digits;
+    e["extended_detail"] = v.extended_detail;
     viol.push_back(e);
   }
   j["violations"] = viol;

@@ -69,6 +69,20 @@ struct VerifyRegime {
   double lambda = 0;  ///< W_Q, W_K, W_V become W + λ I_k
 };
 
+/// The recomputations in extended precision the sweep asks for (testing/extended.hpp:
+/// recheck_theorem34, check_concatenation_extended). Supplied by the caller so that this header
+/// needs neither Boost nor MPFR; an empty member re-checks nothing of its kind, and what it
+/// would have re-checked is then reported as unchecked.
+struct VerifyRechecks {
+  /// Theorem 3.4 with kappa_plus on an instance's inputs (W + λ I_k), with c and the mask.
+  std::function<ExtendedBoundCheck(const Mat<double>& X, const Mat<double>& WQ,
+                                   const Mat<double>& WK, const Mat<double>& WV,
+                                   const AttentionOptions<double>& opts)>
+      theorem34;
+  /// The concatenation lemma on the given blocks.
+  std::function<CheckResult(const std::vector<Mat<double>>& blocks)> concatenation;
+};
+
 /// Options of verify_sweep. Every list must be non-empty.
 struct VerifyOptions {
   std::uint64_t seed = default_seed;  ///< the sweep's seed; instance seeds derive from it
@@ -82,6 +96,9 @@ struct VerifyOptions {
   double target = 1.5;                   ///< t of Theorem 3.5's target form (> 1)
   double rel_tol = 1e-12;                ///< relative tolerance of the proven equalities
   std::function<void(double)> progress;  ///< fraction of instances done; may be empty
+  /// Every would-be violation (Theorem 3.4 with kappa_plus, and a failed concatenation check)
+  /// and every instance with an uncertain rank decision is recomputed by these (MATH.md §4–5).
+  VerifyRechecks rechecks;
 
   void check(const char* fn) const {
     if (instances_per_regime < 1) detail::fail(fn, "instances_per_regime must be >= 1");
@@ -117,9 +134,13 @@ struct VerifyInstance {
   }
 };
 
-/// Counts of one statement's checks.
+/// Counts of one statement's checks. A check re-checked in extended precision counts by its
+/// extended verdict; `artefacts` of the float64 failures were overturned there (counted as held
+/// or not applicable), `unresolved` stayed unresolved (counted as violated: a proven statement
+/// is failed until shown to hold).
 struct CheckCounts {
   Index held = 0, violated = 0, not_applicable = 0;
+  Index rechecked = 0, artefacts = 0, unresolved = 0;
   void add(CheckStatus s) {
     (s == CheckStatus::Held ? held : s == CheckStatus::Violated ? violated : not_applicable)++;
   }
@@ -147,6 +168,18 @@ struct RegimeStats {
   double median_kappa_J_after = std::numeric_limits<double>::quiet_NaN();
   Index lowered = 0;    ///< instances with κ(J) after < before
   Index collapsed = 0;  ///< instances whose attention collapsed to the identity after λ (§11)
+  /// Theorem 3.4 with kappa_plus after the extended-precision re-checks (VerifyRechecks): every
+  /// float64 violation and every instance with an uncertain rank decision is recomputed and
+  /// counts by its extended verdict; the others keep their float64 verdict. held + violated +
+  /// inconclusive + unresolved = instances (+ unchecked when no recheck was supplied).
+  Index final_held = 0, final_violated = 0, final_inconclusive = 0, final_unresolved = 0;
+  Index final_unchecked = 0;  ///< float64 violations left unchecked (no recheck supplied)
+  Index rechecked = 0;        ///< instances recomputed in extended precision
+  Index rank_uncertain = 0;   ///< instances with an uncertain float64 rank decision
+  Index artefacts = 0;        ///< float64 violations that extended precision overturned
+  Index missed = 0;           ///< extended violations float64 called held or inconclusive
+  /// min and max of the exact ratio bound_plus / kappa_plus(J) over the real violations
+  double worst_real_ratio = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// One failed check, with everything needed to rebuild its instance.
@@ -161,6 +194,13 @@ struct VerifyViolation {
   std::string matrix;  ///< the matrix checked (W_Q, ...), when it matters
   double lhs = 0, rhs = 0;
   std::string detail;
+  /// What the extended-precision re-check said: "real" (it fails there too), "artefact" (it
+  /// holds there: float64 rounding), "unresolved", or "unchecked" (no recheck for it).
+  std::string classification = "unchecked";
+  double exact_ratio = std::numeric_limits<double>::quiet_NaN();  ///< Theorem 3.4: extended ratio
+  std::string exact_ratio_text;  ///< the same as text (beyond double's range for artefacts)
+  unsigned digits = 0;           ///< the working precision of the re-check
+  std::string extended_detail;   ///< the re-check's own numbers
 };
 
 /// The sweep's results.
@@ -174,7 +214,8 @@ struct VerifyReport {
   CheckCounts bound_free;
   std::vector<VerifyViolation> violations;
 
-  /// Every proven statement held wherever its hypothesis was met.
+  /// Every proven statement held wherever its hypothesis was met (after the extended-precision
+  /// re-checks: a float64 failure overturned there is an artefact, not a failure).
   bool proven_ok() const {
     return theorem35.violated + theorem35_target.violated + weyl.violated + kronecker.violated +
                concatenation.violated + concatenation_J.violated + bound_free.violated ==
@@ -281,9 +322,9 @@ inline VerifyInstance make_verify_instance(const VerifyRegime& regime, const Ver
 
 namespace detail {
 
-inline void record(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
-                   const std::string& statement, bool proven, const std::string& matrix,
-                   const CheckResult& r) {
+inline VerifyViolation& record(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
+                               const std::string& statement, bool proven, const std::string& matrix,
+                               const CheckResult& r) {
   if (proven) ++st.proven_failures;
   VerifyViolation v;
   v.statement = statement;
@@ -298,6 +339,7 @@ inline void record(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
   v.rhs = r.rhs;
   v.detail = r.detail;
   rep.violations.push_back(v);
+  return rep.violations.back();
 }
 
 inline void count_check(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
@@ -305,6 +347,39 @@ inline void count_check(VerifyReport& rep, RegimeStats& st, const VerifyInstance
                         const std::string& matrix, const CheckResult& r) {
   counts.add(r.status);
   if (r.status == CheckStatus::Violated) record(rep, st, in, statement, true, matrix, r);
+}
+
+/// A proven check with an extended-precision re-check: a float64 failure, or a verdict resting
+/// on an uncertain rank decision, is recomputed by `recheck` and counts by what it says there.
+/// Still failed there (or unresolved: a rank decision uncertain even there) is a failure; held or
+/// not applicable there with certain ranks overturns a float64 failure (an artefact).
+inline void count_check_rechecked(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
+                                  CheckCounts& counts, const std::string& statement,
+                                  const std::string& matrix, const CheckResult& r,
+                                  const std::function<CheckResult()>& recheck) {
+  if (!recheck || (r.status != CheckStatus::Violated && r.rank_certain)) {
+    count_check(rep, st, in, counts, statement, matrix, r);
+    return;
+  }
+  ++counts.rechecked;
+  const CheckResult e = recheck();
+  const bool resolved = e.rank_certain;
+  if (resolved && e.status != CheckStatus::Violated) {
+    counts.add(e.status);
+    if (r.status != CheckStatus::Violated) return;
+    ++counts.artefacts;  // listed, not counted as a failure
+    VerifyViolation& v = record(rep, st, in, statement, true, matrix, r);
+    --st.proven_failures;
+    v.proven = false;
+    v.classification = "artefact";
+    v.extended_detail = e.detail;
+    return;
+  }
+  counts.add(CheckStatus::Violated);
+  if (!resolved) ++counts.unresolved;
+  VerifyViolation& v = record(rep, st, in, statement, true, matrix, r);
+  v.classification = resolved ? "real" : "unresolved";
+  v.extended_detail = e.detail;
 }
 
 inline double min_ignoring_nan(double a, double b) {
@@ -365,8 +440,11 @@ inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, Ve
                 check_weyl(*w.second, in.regime.lambda, o.rel_tol));
   count_check(rep, st, in, rep.kronecker, "kronecker", "A (x) B",
               check_kronecker(in.A, in.B, o.rel_tol));
-  count_check(rep, st, in, rep.concatenation, "concatenation", "[A_1 | ...]",
-              check_concatenation(in.blocks));
+  std::function<CheckResult()> concat_recheck;
+  if (o.rechecks.concatenation)
+    concat_recheck = [&o, &in] { return o.rechecks.concatenation(in.blocks); };
+  count_check_rechecked(rep, st, in, rep.concatenation, "concatenation", "[A_1 | ...]",
+                        check_concatenation(in.blocks), concat_recheck);
 
   AttentionOptions<double> ao;
   ao.scale = in.c;
@@ -374,8 +452,11 @@ inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, Ve
   std::vector<Mat<double>> jblocks;
   for (JacobianBlock b : {JacobianBlock::Q, JacobianBlock::K, JacobianBlock::V})
     jblocks.push_back(attention_jacobian(in.X, WQ, WK, WV, ao, b));
-  count_check(rep, st, in, rep.concatenation_J, "concatenation_J", "[J_Q | J_K | J_V]",
-              check_concatenation(jblocks));
+  std::function<CheckResult()> concat_j_recheck;
+  if (o.rechecks.concatenation)
+    concat_j_recheck = [&o, &jblocks] { return o.rechecks.concatenation(jblocks); };
+  count_check_rechecked(rep, st, in, rep.concatenation_J, "concatenation_J", "[J_Q | J_K | J_V]",
+                        check_concatenation(jblocks), concat_j_recheck);
 
   BoundOptions bo;
   bo.jacobian.method = JacobianKappaMethod::Dense;
@@ -408,17 +489,57 @@ inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, Ve
   if (!t.holds)
     record(rep, st, in, "theorem34", false, "J",
            check_result(CheckStatus::Violated, t.J.kappa, t.bound, "kappa(J) against the bound"));
-  if (bc.verdict == BoundVerdict::Violated) {
-    std::ostringstream d;
-    d.precision(6);
-    d << "kappa_plus(J) = " << t.J.kappa_plus << " (rank " << t.J.rank << ") > bound_plus "
-      << t.bound_plus << ", ratio " << bc.ratio << " (relative errors: J " << bc.acc_J << ", bound "
-      << bc.acc_bound << "); kappa_plus of X " << t.X.kappa_plus << ", Lambda "
-      << t.Lambda.kappa_plus << ", W_Q " << t.WQ.kappa_plus << ", W_K " << t.WK.kappa_plus
-      << ", W_V " << t.WV.kappa_plus << ", P " << t.P.kappa_plus;
-    record(rep, st, in, "theorem34_plus", false, "J",
-           {CheckStatus::Violated, t.J.kappa_plus, t.bound_plus, d.str()});
+  std::ostringstream d;
+  d.precision(6);
+  d << "kappa_plus(J) = " << t.J.kappa_plus << " (rank " << t.J.rank << ") vs bound_plus "
+    << t.bound_plus << ", ratio " << bc.ratio << " (relative errors: J " << bc.acc_J << ", bound "
+    << bc.acc_bound << "); kappa_plus of X " << t.X.kappa_plus << ", Lambda " << t.Lambda.kappa_plus
+    << " (rank " << t.Lambda.rank << "), W_Q " << t.WQ.kappa_plus << ", W_K " << t.WK.kappa_plus
+    << ", W_V " << t.WV.kappa_plus << ", P " << t.P.kappa_plus;
+  // Every float64 violation, and every verdict resting on an uncertain rank decision, is
+  // recomputed in extended precision and counts by what it says there (MATH.md §4–5).
+  bool certain = true;
+  for (const ConditionResult<double>* c : {&t.X, &t.WQ, &t.WK, &t.WV, &t.P, &t.Lambda, &t.J})
+    certain = certain && c->rank_certain;
+  if (!certain) ++st.rank_uncertain;
+  const bool violated = bc.verdict == BoundVerdict::Violated;
+  if (!(violated || !certain) || !o.rechecks.theorem34) {
+    if (violated) {
+      ++st.final_unchecked;
+      record(rep, st, in, "theorem34_plus", false, "J",
+             {CheckStatus::Violated, t.J.kappa_plus, t.bound_plus, d.str()});
+    } else {
+      (bc.verdict == BoundVerdict::Held ? st.final_held : st.final_inconclusive)++;
+    }
+    return;
   }
+  ++st.rechecked;
+  const ExtendedBoundCheck e = o.rechecks.theorem34(in.X, WQ, WK, WV, ao);
+  switch (e.verdict) {
+    case ExtendedVerdict::Held:
+      ++st.final_held;
+      if (violated) ++st.artefacts;
+      break;
+    case ExtendedVerdict::Violated:
+      ++st.final_violated;
+      if (!violated) ++st.missed;
+      st.worst_real_ratio = min_ignoring_nan(st.worst_real_ratio, e.ratio);
+      break;
+    case ExtendedVerdict::Unresolved:
+      ++st.final_unresolved;
+      break;
+  }
+  if (!violated && e.verdict != ExtendedVerdict::Violated) return;
+  if (!violated) d << " (float64: " << to_string(bc.verdict) << ", rank decision uncertain)";
+  VerifyViolation& v = record(rep, st, in, "theorem34_plus", false, "J",
+                              {CheckStatus::Violated, t.J.kappa_plus, t.bound_plus, d.str()});
+  v.classification = e.verdict == ExtendedVerdict::Violated ? "real"
+                     : e.verdict == ExtendedVerdict::Held   ? "artefact"
+                                                            : "unresolved";
+  v.exact_ratio = e.ratio;
+  v.exact_ratio_text = e.ratio_text;
+  v.digits = e.digits;
+  v.extended_detail = e.detail;
 }
 
 }  // namespace detail

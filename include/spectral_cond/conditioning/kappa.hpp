@@ -31,6 +31,12 @@ struct KappaOptions {
   Scalar rtol = Scalar(-1);
   /// The SVD to use (default Auto).
   SvdMethod svd = SvdMethod::Auto;
+  /// Margin of a certain rank decision (MATH.md §4): the cut is certain when the smallest kept
+  /// singular value exceeds rank_margin · rank_tol and the largest dropped one is at most
+  /// rank_tol / rank_margin. A singular value within that factor of the tolerance sits where
+  /// rounding (about ε σ_1 per singular value, the tolerance's own scale) can move it across the
+  /// cut: the rank is then uncertain. Must be finite and >= 1.
+  Scalar rank_margin = Scalar(10);
 
   /// The relative tolerance actually used for an m x n matrix.
   Scalar resolved_rtol(Index m, Index n) const {
@@ -39,9 +45,14 @@ struct KappaOptions {
   }
 
   void check(const char* fn) const {
-    if (!std::isfinite(rtol) || rtol >= Scalar(1)) {
+    if (!Eigen::numext::isfinite(rtol) || rtol >= Scalar(1)) {
       std::ostringstream s;
       s << "rtol must be finite and < 1 (negative for the default) (got " << rtol << ")";
+      detail::fail(fn, s.str());
+    }
+    if (!Eigen::numext::isfinite(rank_margin) || rank_margin < Scalar(1)) {
+      std::ostringstream s;
+      s << "rank_margin must be finite and >= 1 (got " << rank_margin << ")";
       detail::fail(fn, s.str());
     }
   }
@@ -59,6 +70,13 @@ struct KappaOptions {
 /// - The zero matrix has no singular value above any tolerance: rank 0, kappa = +inf,
 ///   sigma_min_plus = kappa_plus = NaN (undefined), info = Singular.
 /// - NaN or Inf in the input: info = InvalidInput, every Scalar field NaN, rank = -1.
+/// - The rank decision is certified (detail::certify_rank): sigma_dropped is the largest
+///   singular value at or below rank_tol (0 when none is), rank_gap = sigma_min_plus /
+///   sigma_dropped (+inf when nothing is dropped or the dropped ones are exactly 0), and
+///   rank_certain says that no singular value lies within KappaOptions::rank_margin of the
+///   tolerance, so that rounding of the size the tolerance stands for cannot change the rank. An
+///   uncertain rank makes kappa and kappa_plus uncertain too: a check built on them needs a
+///   recomputation in higher precision (testing/extended.hpp) before its verdict counts.
 template <typename Scalar>
 struct ConditionResult {
   Scalar sigma_max = 0;       ///< σ_1
@@ -68,6 +86,11 @@ struct ConditionResult {
   Scalar kappa_plus = 0;      ///< σ_1 / sigma_min_plus
   Index rank = 0;             ///< number of singular values above rank_tol
   Scalar rank_tol = 0;        ///< the absolute tolerance used: rtol · σ_1
+  Scalar sigma_dropped = 0;   ///< σ_{rank+1}, the largest σ at or below rank_tol (0: none)
+  Scalar rank_gap = 0;        ///< sigma_min_plus / sigma_dropped (+inf: nothing dropped)
+  /// No singular value within rank_margin of rank_tol (see above); false when not decided by
+  /// detail::certify_rank (an iterative method that sees σ_min alone, or invalid input).
+  bool rank_certain = false;
   std::string
       method;  ///< "jacobi_svd", "bdc_svd", "lapack_gesdd", "gram_eigen" or an iterative one
   /// Estimated relative error of sigma_min. A dense backward-stable SVD computes every σ_i to
@@ -88,10 +111,29 @@ ConditionResult<Scalar> invalid_condition(const char* what) {
   ConditionResult<Scalar> r;
   r.sigma_max = r.sigma_min = r.kappa = r.sigma_min_plus = r.kappa_plus = nan;
   r.rank_tol = r.accuracy = r.residual = nan;
+  r.sigma_dropped = r.rank_gap = nan;
   r.rank = -1;
   r.info = Info::InvalidInput;
   r.note = what;
   return r;
+}
+
+/// The one rule that certifies a rank decision (MATH.md §4): given the smallest kept singular
+/// value `kept` (NaN or absent when nothing is kept: pass rank 0) and the largest dropped one
+/// `dropped` (0 when nothing is dropped), fills sigma_dropped, rank_gap and rank_certain of
+/// `res` from its rank_tol: certain when kept > margin · rank_tol (or nothing is kept) and
+/// dropped <= rank_tol / margin. Used by condition_from_singular_values and by every method
+/// that decides a rank from fewer singular values (then `dropped` is what it knows of them).
+template <typename Scalar>
+void certify_rank(ConditionResult<Scalar>& res, const Scalar& kept, const Scalar& dropped,
+                  const Scalar& margin) {
+  res.sigma_dropped = dropped;
+  const bool any_kept = res.rank > 0;
+  res.rank_gap = !any_kept             ? std::numeric_limits<Scalar>::quiet_NaN()
+                 : dropped > Scalar(0) ? kept / dropped
+                                       : ScalarTraits<Scalar>::inf();
+  res.rank_certain =
+      (!any_kept || kept > margin * res.rank_tol) && dropped * margin <= res.rank_tol;
 }
 
 }  // namespace detail
@@ -128,6 +170,9 @@ ConditionResult<Scalar> condition_from_singular_values(const CRef<Scalar>& sv, I
   res.rank_tol = opts.resolved_rtol(m, n) * res.sigma_max;
   res.rank = 0;
   while (res.rank < r && sv(res.rank, 0) > res.rank_tol) ++res.rank;
+  detail::certify_rank<Scalar>(res, res.rank > 0 ? Scalar(sv(res.rank - 1, 0)) : Scalar(0),
+                               res.rank < r ? Scalar(sv(res.rank, 0)) : Scalar(0),
+                               opts.rank_margin);
   std::ostringstream note;
   if (res.rank == 0) {
     const Scalar nan = std::numeric_limits<Scalar>::quiet_NaN();

@@ -28,12 +28,12 @@ struct AttentionOptions {
 
   /// The scale actually used for key width d_k.
   Scalar resolved_scale(Index d_k) const {
-    return scale ? *scale : Scalar(1) / std::sqrt(static_cast<Scalar>(d_k));
+    return scale ? *scale : Scalar(1) / Eigen::numext::sqrt(static_cast<Scalar>(d_k));
   }
 
   /// Throws std::invalid_argument naming `fn` when the options cannot apply to N tokens.
   void check(const char* fn, Index n_tokens) const {
-    if (scale && !(std::isfinite(*scale) && *scale > Scalar(0))) {
+    if (scale && !(Eigen::numext::isfinite(*scale) && *scale > Scalar(0))) {
       std::ostringstream s;
       s << "scale must be finite and > 0 (got " << *scale << ")";
       detail::fail(fn, s.str());

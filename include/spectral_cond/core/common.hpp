@@ -82,7 +82,7 @@ inline const char* to_string(MaskKind m) {
 template <typename Scalar>
 struct ScalarTraits {
   static constexpr Scalar eps() { return std::numeric_limits<Scalar>::epsilon(); }
-  static Scalar sqrt_eps() { return std::sqrt(eps()); }
+  static Scalar sqrt_eps() { return Eigen::numext::sqrt(eps()); }
   /// Step for central differences: cbrt(eps) balances truncation O(h^2) against rounding O(eps/h).
   static Scalar fd_step() { return std::cbrt(eps()); }
   static constexpr Scalar inf() { return std::numeric_limits<Scalar>::infinity(); }

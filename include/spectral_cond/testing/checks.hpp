@@ -49,6 +49,34 @@ struct CheckResult {
   double lhs = 0;  ///< the computed quantity (kappa(W + C), kappa(A ⊗ B), ...)
   double rhs = 0;  ///< its predicted value or bound
   std::string detail;
+  /// Every rank decision the check made was certain (detail::certify_rank); when false, a
+  /// violation (or a hypothesis found unmet) may be rounding and needs extended precision.
+  bool rank_certain = true;
+};
+
+/// What extended precision says about one statement on one instance.
+enum class ExtendedVerdict {
+  Held,        ///< the statement holds in exact arithmetic (to the precision used)
+  Violated,    ///< it fails in exact arithmetic
+  Unresolved,  ///< the two precisions disagree, a rank decision stays uncertain, or a tie
+};
+
+inline const char* to_string(ExtendedVerdict v) {
+  return v == ExtendedVerdict::Held       ? "held"
+         : v == ExtendedVerdict::Violated ? "violated"
+                                          : "unresolved";
+}
+
+/// Theorem 3.4 with κ₊ judged in extended precision, with the evidence (recheck_theorem34 in
+/// testing/extended.hpp, which needs Boost and MPFR; the result types need neither).
+struct ExtendedBoundCheck {
+  ExtendedVerdict verdict = ExtendedVerdict::Unresolved;
+  double spread = 0;            ///< the logit spread that set the precision
+  unsigned digits = 0;          ///< the working precision
+  unsigned confirm_digits = 0;  ///< the second, higher precision it was repeated at
+  double ratio = 0;             ///< bound_plus / κ₊(J) at `digits` (±inf beyond double's range)
+  std::string ratio_text;       ///< the same, as text (never out of range)
+  std::string detail;           ///< the κ₊ values and ranks, or why it is unresolved
 };
 
 namespace detail {
@@ -177,54 +205,95 @@ inline CheckResult check_kronecker(const CRef<double>& A, const CRef<double>& B,
 }
 
 /// The concatenation lemma (MATH.md §5) for blocks A_i with the same number of rows m, each of
-/// full row rank (rank m at the default tolerance, so n_i >= m): with M = [A_1 | … | A_m],
-/// σ_min(M) >= max σ_min(A_i), σ_max(M) <= sqrt(Σ σ_max(A_i)^2), hence kappa(M) <= Σ kappa(A_i).
-/// Each inequality is checked with an absolute slack of 64 (m + n) ε σ_max(M). Not applicable
-/// (with the reason) when a block is not of full row rank.
-template <typename = void>
-inline CheckResult check_concatenation(const std::vector<Mat<double>>& blocks) {
+/// full row rank, so n_i >= m: with M = [A_1 | … | A_m], σ_min(M) >= max σ_min(A_i) and
+/// σ_max(M) <= sqrt(Σ σ_max(A_i)^2), hence kappa(M) <= Σ kappa(A_i).
+///
+/// One rank policy for the blocks and the whole: every rank is decided at the same absolute
+/// tolerance, the one `opts` gives M (default max(m, n) ε σ_1(M), n = Σ n_i). Since σ_min(M) >=
+/// σ_min(A_i), a block of full row rank then cannot leave M singular but within rounding, and
+/// such a cut is flagged: CheckResult::rank_certain is false when any of the rank decisions is
+/// uncertain (detail::certify_rank). Each inequality is checked with an absolute slack of
+/// 64 (m + n) ε σ_max(M). Not applicable (with the reason) when a block is not of full row rank.
+/// Any scalar: float, double, or Extended (testing/extended.hpp).
+template <typename Scalar>
+CheckResult check_concatenation(const std::vector<Mat<Scalar>>& blocks,
+                                const KappaOptions<Scalar>& opts = {}) {
   constexpr const char* fn = "check_concatenation";
   if (blocks.empty()) detail::fail(fn, "no blocks");
+  opts.check(fn);
   const Index m = blocks[0].rows();
   Index n = 0;
-  double smin_max = 0, smax_sq = 0, kappa_sum = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    detail::check_matrix(fn, blocks[i]);
+    detail::check_nonempty<Scalar>(fn, blocks[i]);
+    if (!blocks[i].allFinite()) detail::fail(fn, "the matrix contains NaN or Inf");
     if (blocks[i].rows() != m)
       detail::fail(fn, "every block must have " + std::to_string(m) + " rows (block " +
                            std::to_string(i) + " is " +
                            detail::shape_str(blocks[i].rows(), blocks[i].cols()) + ")");
-    const ConditionResult<double> c = kappa(blocks[i]);
-    if (c.rank < m) {
-      std::ostringstream d;
-      d << "hypothesis not met: block " << i << " (" << detail::shape_str(m, blocks[i].cols())
-        << ") has rank " << c.rank << " < " << m << " rows (not of full row rank)";
-      return detail::not_applicable(d.str());
-    }
     n += blocks[i].cols();
-    smin_max = std::max(smin_max, c.sigma_min);
-    smax_sq += c.sigma_max * c.sigma_max;
-    kappa_sum += c.kappa;
   }
-  Mat<double> M(m, n);
+  Mat<Scalar> M(m, n);
   for (Index i = 0, j = 0; i < static_cast<Index>(blocks.size()); ++i) {
-    const Mat<double>& b = blocks[static_cast<size_t>(i)];
+    const Mat<Scalar>& b = blocks[static_cast<size_t>(i)];
     M.middleCols(j, b.cols()) = b;
     j += b.cols();
   }
-  const ConditionResult<double> c = kappa(M);
-  const double slack = 64 * static_cast<double>(m + n) * ScalarTraits<double>::eps() * c.sigma_max;
-  if (!(c.sigma_min >= smin_max - slack))
-    return detail::check_result(CheckStatus::Violated, c.sigma_min, smin_max,
-                                "sigma_min([A_i]) against max sigma_min(A_i)");
-  if (!(c.sigma_max <= std::sqrt(smax_sq) + slack))
-    return detail::check_result(CheckStatus::Violated, c.sigma_max, std::sqrt(smax_sq),
-                                "sigma_max([A_i]) against sqrt(sum sigma_max(A_i)^2)");
-  // kappa(M) = σ_max / σ_min, each within `slack` of the two bounds just checked.
-  const double k_slack = (1 + slack / c.sigma_max) / (1 - std::min(0.5, slack / c.sigma_min));
-  return detail::check_result(
-      c.kappa <= kappa_sum * k_slack ? CheckStatus::Held : CheckStatus::Violated, c.kappa,
-      kappa_sum, "kappa([A_i]) against sum kappa(A_i)");
+  const ConditionResult<Scalar> c = kappa(M, opts);
+  bool certain = c.rank_certain;
+  Scalar smin_max = 0, smax_sq = 0, kappa_sum = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Vec<Scalar> sv = singular_values(blocks[i], opts.svd);
+    ConditionResult<Scalar> b;
+    if (sv(0) > c.rank_tol) {  // the same absolute tolerance as M's
+      KappaOptions<Scalar> bo = opts;
+      bo.rtol = c.rank_tol / sv(0);
+      b = condition_from_singular_values<Scalar>(sv, m, blocks[i].cols(), bo);
+    } else {
+      b.rank = 0;
+    }
+    if (b.rank < m) {
+      std::ostringstream d;
+      d << "hypothesis not met: block " << i << " (" << detail::shape_str(m, blocks[i].cols())
+        << ") has rank " << b.rank << " < " << m
+        << " rows at the tolerance of the whole (not of full row rank)";
+      CheckResult r = detail::not_applicable(d.str());
+      r.rank_certain = b.rank > 0 && b.rank_certain;
+      return r;
+    }
+    certain = certain && b.rank_certain;
+    smin_max = std::max(smin_max, b.sigma_min);
+    smax_sq += b.sigma_max * b.sigma_max;
+    kappa_sum += b.kappa;
+  }
+  const Scalar slack =
+      Scalar(64) * static_cast<Scalar>(m + n) * ScalarTraits<Scalar>::eps() * c.sigma_max;
+  const Scalar smax_bound = Eigen::numext::sqrt(smax_sq);
+  CheckResult r;
+  if (!(c.sigma_min >= smin_max - slack)) {
+    r = detail::check_result(CheckStatus::Violated, static_cast<double>(c.sigma_min),
+                             static_cast<double>(smin_max),
+                             "sigma_min([A_i]) against max sigma_min(A_i)");
+  } else if (!(c.sigma_max <= smax_bound + slack)) {
+    r = detail::check_result(CheckStatus::Violated, static_cast<double>(c.sigma_max),
+                             static_cast<double>(smax_bound),
+                             "sigma_max([A_i]) against sqrt(sum sigma_max(A_i)^2)");
+  } else {
+    // kappa(M) = σ_max / σ_min, each within `slack` of the two bounds just checked.
+    const Scalar k_slack = (Scalar(1) + slack / c.sigma_max) /
+                           (Scalar(1) - std::min(Scalar(0.5), Scalar(slack / c.sigma_min)));
+    r = detail::check_result(
+        c.kappa <= kappa_sum * k_slack ? CheckStatus::Held : CheckStatus::Violated,
+        static_cast<double>(c.kappa), static_cast<double>(kappa_sum),
+        "kappa([A_i]) against sum kappa(A_i)");
+  }
+  r.rank_certain = certain;
+  if (!certain) r.detail += " (a rank decision is within rounding of the tolerance: uncertain)";
+  return r;
+}
+
+/// The double form, for braced lists of blocks: check_concatenation({A_1, A_2}).
+inline CheckResult check_concatenation(const std::vector<Mat<double>>& blocks) {
+  return check_concatenation<double>(blocks);
 }
 
 }  // namespace spectral_cond

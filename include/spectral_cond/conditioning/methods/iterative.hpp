@@ -80,6 +80,7 @@ ConditionResult<double> kappa_jacobian_iterative(const CRef<Scalar>& X, const CR
     res.sigma_min_plus = res.sigma_min;
     res.kappa_plus = res.kappa;
     res.rank = std::min(in.rows, in.cols);
+    detail::certify_rank(res, res.sigma_min, 0.0, KappaOptions<double>{}.rank_margin);
   }
   detail::squared_accuracy(res, jo);
   if (res.info == Info::Success) {

@@ -93,6 +93,7 @@ inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const Jacobi
   res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
   res.sigma_min_plus = res.sigma_min;
   res.rank = std::min(in.rows, in.cols);
+  certify_rank(res, res.sigma_min, 0.0, ko.rank_margin);
   // ε κ from the products with J; ρ / 2 from the iteration, times 1 + ε κ^2 for the distance of
   // the preconditioner from (J J^T)^{-1} (lobpcg_sigma_min).
   const double eps_kappa = ScalarTraits<double>::eps() * res.kappa;

@@ -79,6 +79,7 @@ inline std::optional<ConditionResult<double>> condition_from_lanczos(
     res.sigma_min_plus = res.sigma_min;
     res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
     res.accuracy = ScalarTraits<double>::eps() * res.kappa + q.lanczos.tol;
+    detail::certify_rank(res, res.sigma_min, 0.0, ko.rank_margin);
     return res;
   }
   if (k <= q.dense_svd_max) return std::nullopt;

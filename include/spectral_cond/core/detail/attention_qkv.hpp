@@ -15,13 +15,13 @@ void check_additive_mask(const char* fn, const Mat<Scalar>& M) {
     bool any_finite = false;
     for (Index j = 0; j < N; ++j) {
       const Scalar m = M(i, j);
-      if (std::isnan(m) || m == ScalarTraits<Scalar>::inf()) {
+      if (Eigen::numext::isnan(m) || m == ScalarTraits<Scalar>::inf()) {
         std::ostringstream s;
         s << "additive_mask entry (" << i << ", " << j << ") is " << m
           << "; expected a finite value or -inf";
         fail(fn, s.str());
       }
-      any_finite = any_finite || std::isfinite(m);
+      any_finite = any_finite || Eigen::numext::isfinite(m);
     }
     if (!any_finite) {
       std::ostringstream s;
