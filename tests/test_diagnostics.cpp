@@ -5,7 +5,7 @@
 #include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/conditioning/diagnostics.hpp>
 
-#include "test_helpers.hpp"
+#include "support/test_helpers.hpp"
 
 #include <Eigen/SVD>
 

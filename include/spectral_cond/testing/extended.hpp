@@ -101,8 +101,8 @@ double logit_spread(const CRef<double>& X, const CRef<double>& WQ, const CRef<do
 inline unsigned extended_digits(double spread, Index N) {
   if (!(std::isfinite(spread) && spread >= 0))
     detail::fail("extended_digits", "the logit spread must be finite and >= 0");
-  const double d =
-      40 + std::ceil(2 * spread / std::log(10.0) + 2 * std::log10(std::max<double>(N, 1)));
+  const double d = 40 + std::ceil(2 * spread / std::log(10.0) +
+                                  2 * std::log10(std::max(static_cast<double>(N), 1.0)));
   return static_cast<unsigned>(std::min(d, 1e6));
 }
 
