@@ -248,8 +248,9 @@ CheckResult check_concatenation(const std::vector<Mat<Scalar>>& blocks,
       KappaOptions<Scalar> bo = opts;
       bo.rtol = c.rank_tol / sv(0);
       b = condition_from_singular_values<Scalar>(sv, m, blocks[i].cols(), bo);
-    } else {
+    } else {  // numerically zero at the whole's tolerance: certain when well below it
       b.rank = 0;
+      b.rank_certain = sv(0) * opts.rank_margin <= c.rank_tol;
     }
     if (b.rank < m) {
       std::ostringstream d;
@@ -257,7 +258,7 @@ CheckResult check_concatenation(const std::vector<Mat<Scalar>>& blocks,
         << ") has rank " << b.rank << " < " << m
         << " rows at the tolerance of the whole (not of full row rank)";
       CheckResult r = detail::not_applicable(d.str());
-      r.rank_certain = b.rank > 0 && b.rank_certain;
+      r.rank_certain = b.rank_certain;
       return r;
     }
     certain = certain && b.rank_certain;
