@@ -170,3 +170,19 @@ TEST_CASE("collapse: with W = small + 10 I on LayerNorm-like tokens, kappa(J) = 
   CHECK(u.free_bound_holds);
   CHECK(u.J.kappa <= u.free_bound.bound * (1 + 1e-10));
 }
+
+TEST_CASE("the bound without hypothesis is attained when 1 is in the range of V (N = d_v)") {
+  std::mt19937_64 rng(21);
+  for (MaskKind mask : {MaskKind::None, MaskKind::Causal}) {
+    const Index N = 4, D = 7, dk = 3, dv = 4;  // V = X W_V is square and invertible
+    const Mat<double> X = randn<double>(N, D, rng), WQ = randn<double>(D, dk, rng, 0.7);
+    const Mat<double> WK = randn<double>(D, dk, rng, 0.7), WV = randn<double>(D, dv, rng, 0.7);
+    AttentionOptions<double> o;
+    o.mask = mask;
+    const Mat<double> P = attention_forward(X, WQ, WK, WV, o).P;
+    const Eigen::VectorXd s = dense_sv(attention_jacobian(X, WQ, WK, WV, o));
+    const Eigen::VectorXd sp = dense_sv(P * X);
+    INFO("mask " << to_string(mask));
+    CHECK(s(s.size() - 1) == doctest::Approx(sp(N - 1)).epsilon(1e-10));
+  }
+}

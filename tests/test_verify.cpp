@@ -223,6 +223,14 @@ TEST_CASE("a tiny sweep runs, its counts add up, and every proven statement hold
     CHECK(s.final_held + s.final_violated + s.final_inconclusive + s.final_unresolved +
               s.final_unchecked ==
           s.instances);
+  CHECK(rep.bound_free.total() == rep.instances);  // kappa(J) <= sigma_max(J)/sigma_N(P X)
+  CHECK(rep.bound_free.violated == 0);
+  CHECK(rep.bound_free.held > 0);
+  CHECK(rep.bound_free.not_applicable > 0);  // N > D
+  for (const RegimeStats& s : rep.regimes) {
+    CHECK(s.kappa_J_before.size() == static_cast<size_t>(s.instances));
+    if (s.regime.lambda == 0) CHECK(s.median_kappa_J_before == s.median_kappa_J_after);
+  }
   CHECK(rep.proven_ok());
   CHECK(rep.theorem35.violated == 0);
   CHECK(rep.theorem35_target.violated == 0);
@@ -503,9 +511,11 @@ TEST_CASE("verify JSON has the documented keys") {
         "vacuous", "held_plus", "violated_plus", "inconclusive_plus", "kappa_J_infinite",
         "worst_ratio", "worst_ratio_plus", "max_ratio_plus", "proven_failures"})
     CHECK_MESSAGE(j["regimes"][0].contains(k), k);
+  for (const char* k : {"median_kappa_J_before", "median_kappa_J_after", "lowered", "collapsed"})
+    CHECK_MESSAGE(j["regimes"][0].contains(k), k);
   CHECK(j["regimes"][0]["shape_class"] == "N<D");
-  for (const char* k :
-       {"theorem35", "theorem35_target", "weyl", "kronecker", "concatenation", "concatenation_J"})
+  for (const char* k : {"theorem35", "theorem35_target", "weyl", "kronecker", "concatenation",
+                        "concatenation_J", "bound_free"})
     CHECK_MESSAGE(j["proven"].contains(k), k);
 }
 #endif

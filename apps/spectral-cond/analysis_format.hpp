@@ -296,7 +296,7 @@ inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
        "saturated rows (m_i > 1 - 1e-6, on the diagonal),\nand ||J_QK||_2/||J_V||_2 (spectral "
        "norms, J_QK = [J_Q | J_K]):\n";
   o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(18) << "weights"
-    << std::right << std::setw(10) << "min m_i" << std::setw(10) << "mean m_i" << std::setw(10)
+    << std::right << std::setw(12) << "min m_i" << std::setw(12) << "mean m_i" << std::setw(12)
     << "mean H_i" << std::setw(12) << "saturated" << std::setw(12) << "diagonal" << std::setw(14)
     << "|J_QK|/|J_V|" << '\n';
   std::vector<std::string> notes;
@@ -306,8 +306,8 @@ inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
         if (!t.have_diagnostics) return;
         const AttentionPattern& p = t.diagnostics.pattern;
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(10) << k(p.row_max_min) << std::setw(10)
-          << k(p.row_max_mean) << std::setw(10) << k(p.entropy_mean) << std::setw(12)
+          << what << std::right << std::setw(12) << k(p.row_max_min) << std::setw(12)
+          << k(p.row_max_mean) << std::setw(12) << k(p.entropy_mean) << std::setw(12)
           << (std::to_string(p.saturated) + "/" + std::to_string(p.rows)) << std::setw(12)
           << p.saturated_diagonal << std::setw(14) << k(t.diagnostics.norms.ratio_QK_V) << '\n';
         if (!t.diagnostics.note.empty())

@@ -89,7 +89,8 @@ struct Theorem34Report {
   bool have_diagnostics = false;     ///< diagnostics and free_bound computed
   AttentionDiagnostics diagnostics;  ///< the attention pattern and block norms (MATH.md §11)
   HypothesisFreeBound free_bound;    ///< κ(J) <= σ_max(J) / σ_N(P X) for N <= D (§5, proven)
-  /// kappa(J) <= free_bound.bound within the rounding of both sides (true when not applicable)
+  /// the bound holds within rounding: σ_min(J) >= σ_N(P X) (free_bound_holds; true when it does
+  /// not apply)
   bool free_bound_holds = true;
 };
 

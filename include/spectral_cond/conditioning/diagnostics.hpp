@@ -301,14 +301,17 @@ HypothesisFreeBound hypothesis_free_bound(const CRef<double>& X, const CRef<doub
   return b;
 }
 
-/// Whether κ(J) <= b.bound within the rounding of both sides: κ(J) (1 - a_J) <= bound (1 + 10 a_b),
-/// a_J = J.accuracy (capped at 1), a_b = b.accuracy (MATH.md §5). True when the bound does not
-/// apply; false when it applies (a finite proven bound) and J is nevertheless reported singular.
+/// Whether the bound holds within rounding (MATH.md §5). Its content is σ_min(J) >= σ_N(P X)
+/// (σ_max(J) is a common factor of κ(J) and the bound), so this compares singular values, not
+/// condition numbers, and does not depend on J's rank decision: it holds when
+/// J.sigma_min + J.rank_tol >= σ_N(P X) (1 - 10 b.accuracy), with J.rank_tol (max(m, n) ε σ_1(J)
+/// by default, the rounding floor of a backward-stable SVD of J; the sqrt(g ε) σ_1 floor for the
+/// squared methods) as the absolute error of the computed σ_min(J). True when the bound does not
+/// apply or J's σ_min was not computed.
 inline bool free_bound_holds(const HypothesisFreeBound& b, const ConditionResult<double>& J) {
-  if (!b.applicable) return true;
-  if (!std::isfinite(J.kappa)) return !(J.info == Info::Singular || std::isinf(J.kappa));
-  const double aj = std::isfinite(J.accuracy) ? std::min(J.accuracy, 1.0) : 1.0;
-  return J.kappa * (1 - aj) <= b.bound * (1 + 10 * b.accuracy);
+  if (!b.applicable || !std::isfinite(J.sigma_min)) return true;
+  const double delta = std::isfinite(J.rank_tol) ? std::max(J.rank_tol, 0.0) : 0.0;
+  return J.sigma_min + delta >= b.PX.sigma_min * (1 - 10 * b.accuracy);
 }
 
 }  // namespace spectral_cond
