@@ -11,9 +11,11 @@ TEST_CASE("forward, JVP and VJP allocate nothing in steady state") {
   std::mt19937_64 rng(11);
   const Index N = 8, D = 6, dk = 4, dv = 3;
   const Mat<double> X = sc_test::randn<double>(N, D, rng), WQ = sc_test::randn<double>(D, dk, rng);
-  const Mat<double> WK = sc_test::randn<double>(D, dk, rng), WV = sc_test::randn<double>(D, dv, rng);
+  const Mat<double> WK = sc_test::randn<double>(D, dk, rng),
+                    WV = sc_test::randn<double>(D, dv, rng);
   const Mat<double> dW = sc_test::randn<double>(D, dk, rng), G = sc_test::randn<double>(N, dv, rng);
-  const Mat<double> dX = sc_test::randn<double>(N, D, rng), dWV = sc_test::randn<double>(D, dv, rng);
+  const Mat<double> dX = sc_test::randn<double>(N, D, rng),
+                    dWV = sc_test::randn<double>(D, dv, rng);
   AttentionOptions<double> opts;
   opts.mask = MaskKind::Causal;
   AttentionCache<double> cache;

@@ -10,7 +10,9 @@ using namespace spectral_cond;
 using namespace spectral_cond::io;
 
 namespace {
-std::vector<NamedShape> names(std::initializer_list<NamedShape> l) { return l; }
+std::vector<NamedShape> names(std::initializer_list<NamedShape> l) {
+  return l;
+}
 }  // namespace
 
 TEST_CASE("timm ViT: blocks.i.attn.qkv.weight, 3D x D, rows Q, K, V") {
@@ -95,12 +97,13 @@ TEST_CASE("errors name the file and tensor") {
                        "m.safetensors: no attention layers found (looked for the torch-mha, timm, "
                        "hf-bert, gpt2 and llama layouts)",
                        IoError);
-  CHECK_THROWS_WITH_AS(detect_layers(names({{"blocks.0.attn.qkv.weight", {10, 4}}}), Layout::Auto, "f"),
-                       "f: tensor blocks.0.attn.qkv.weight has shape [10, 4], expected [3D, D]",
-                       IoError);
-  CHECK_THROWS_AS(detect_layers(names({{"bert.encoder.layer.0.attention.self.query.weight", {4, 4}}}),
-                                Layout::Auto, "f"),
-                  IoError);
+  CHECK_THROWS_WITH_AS(
+      detect_layers(names({{"blocks.0.attn.qkv.weight", {10, 4}}}), Layout::Auto, "f"),
+      "f: tensor blocks.0.attn.qkv.weight has shape [10, 4], expected [3D, D]", IoError);
+  CHECK_THROWS_AS(
+      detect_layers(names({{"bert.encoder.layer.0.attention.self.query.weight", {4, 4}}}),
+                    Layout::Auto, "f"),
+      IoError);
   const auto m = detect_layers(names({{"blocks.0.attn.qkv.weight", {30, 10}}}), Layout::Timm, "f");
   HeadConfig hc;
   CHECK_THROWS_WITH_AS(resolve_heads(m.layers[0], hc, "f"),

@@ -8,14 +8,16 @@ using namespace spectral_cond;
 using sc_test::randn;
 using sc_test::rel_err;
 
-TEST_CASE_TEMPLATE("multi-head equals per-head attention, with and without GQA", Scalar, double, float) {
+TEST_CASE_TEMPLATE("multi-head equals per-head attention, with and without GQA", Scalar, double,
+                   float) {
   const double tol = 100 * sc_test::eps<Scalar>();
   for (Index kv : {4, 2, 1}) {
     std::mt19937_64 rng(100 + static_cast<std::uint64_t>(kv));
     INFO("kv_heads=" << kv << " seed=" << 100 + kv);
     const Index N = 7, D = 8, h = 4, dk = 3, dv = 2;
     const Mat<Scalar> X = randn<Scalar>(N, D, rng), WQ = randn<Scalar>(D, h * dk, rng, 0.4);
-    const Mat<Scalar> WK = randn<Scalar>(D, kv * dk, rng, 0.4), WV = randn<Scalar>(D, kv * dv, rng, 0.4);
+    const Mat<Scalar> WK = randn<Scalar>(D, kv * dk, rng, 0.4),
+                      WV = randn<Scalar>(D, kv * dv, rng, 0.4);
     MultiHeadOptions<Scalar> o;
     o.heads = h;
     o.kv_heads = kv;
@@ -51,7 +53,8 @@ TEST_CASE("multi-head JVP: finite differences and the adjoint identity (double)"
   std::mt19937_64 rng(2024);
   const Index N = 5, D = 6, h = 4, kv = 2, dk = 2, dv = 3;
   const Mat<double> X = randn<double>(N, D, rng), WQ = randn<double>(D, h * dk, rng, 0.5);
-  const Mat<double> WK = randn<double>(D, kv * dk, rng, 0.5), WV = randn<double>(D, kv * dv, rng, 0.5);
+  const Mat<double> WK = randn<double>(D, kv * dk, rng, 0.5),
+                    WV = randn<double>(D, kv * dv, rng, 0.5);
   MultiHeadOptions<double> o;
   o.heads = h;
   o.kv_heads = kv;
@@ -63,7 +66,8 @@ TEST_CASE("multi-head JVP: finite differences and the adjoint identity (double)"
   const double step = 1e-6;
   auto A_at = [&](double s) {
     return multihead_forward(Mat<double>(X + s * t.dX), Mat<double>(WQ + s * t.dWQ),
-                             Mat<double>(WK + s * t.dWK), Mat<double>(WV + s * t.dWV), o).A;
+                             Mat<double>(WK + s * t.dWK), Mat<double>(WV + s * t.dWV), o)
+        .A;
   };
   const Mat<double> fd = (A_at(step) - A_at(-step)) / (2 * step);
   CHECK(rel_err(jvp, fd) < 1e-7);

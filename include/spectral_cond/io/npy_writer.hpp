@@ -72,7 +72,6 @@ void write_npy_impl(const std::string& path, const Eigen::Ref<const Mat<Scalar>>
   });
 }
 
-
 }  // namespace detail
 
 /// The .npy bytes of `m`: float64 '<f8', C order, shape (rows, cols), entry [i, j] = m(i, j),
@@ -100,6 +99,5 @@ inline void write_npy(const std::string& path, const Eigen::Ref<const Mat<double
 inline void write_npy(const std::string& path, const Eigen::Ref<const Mat<float>>& m) {
   detail::write_npy_impl<float>(path, m);
 }
-
 
 }  // namespace spectral_cond::io
