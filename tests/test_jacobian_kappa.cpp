@@ -193,4 +193,13 @@ TEST_CASE("gram by Lanczos and Cholesky agrees with gram by a full eigensolve") 
   const auto s = kappa_jacobian(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts, jo);
   CHECK(std::isinf(s.kappa));
   CHECK(s.info == Info::Singular);
+  // A singular answer's sigma_min is rounding noise: no finite accuracy is claimed for it
+  // (ConditionResult::accuracy), by either gram route.
+  CHECK(std::isinf(s.accuracy));
+  jo.gram_eig_max = JacobianKappaOptions{}.gram_eig_max;
+  const auto se = kappa_jacobian(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts, jo);
+  INFO(se.method << " / " << se.note);
+  CHECK(se.info == Info::Singular);
+  CHECK(std::isinf(se.accuracy));
+  CHECK(se.note.find("only known to lie below the rank tolerance") != std::string::npos);
 }

@@ -2,10 +2,10 @@
 // attention layer of a checkpoint, the condition numbers of W_Q, W_K, W_V (MATH.md §4, §8), after
 // the λ I_k correction in both placements with the Weyl bound (§7), after the exact correction
 // (§6), and optionally per head κ(J) with every term of Theorem 3.4 (§5). Layers are read one at
-// a time from a CheckpointSource, so only the current layer's tensors are in memory.
+// a time from an io::CheckpointReader, so only the current layer's tensors are in memory.
 #pragma once
 
-#include "checkpoint_source.hpp"
+#include "index_selection.hpp"
 #include "device.hpp"
 
 #include <spectral_cond/conditioning/bound.hpp>
@@ -100,7 +100,7 @@ struct LayerStats {
 
 struct CheckpointReport {
   std::string path;
-  SourceKind kind = SourceKind::Safetensors;
+  CheckpointFormat kind = CheckpointFormat::Safetensors;
   io::Layout layout = io::Layout::Auto;
   io::HeadConfig head_config;
   double lambda = 10;
@@ -248,10 +248,10 @@ using ProgressFn = std::function<void(double)>;
 /// file and tensor for anything unusable.
 inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
                                            const ProgressFn& progress = {}) {
-  CheckpointSource src(path);
+  CheckpointReader src = io::open_checkpoint(path);
   CheckpointReport rep;
   rep.path = path;
-  rep.kind = src.kind();
+  rep.kind = src.format();
   rep.lambda = o.lambda;
   rep.target = o.target;
   rep.causal = o.causal;

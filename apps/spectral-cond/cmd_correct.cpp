@@ -15,7 +15,7 @@
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
 #include "analysis.hpp"
-#include "checkpoint_source.hpp"
+#include "index_selection.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "progress.hpp"
@@ -52,12 +52,12 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 /// Every file the source reads from, for the overwrite check.
-std::vector<std::string> input_files(const CheckpointSource& src) {
+std::vector<std::string> input_files(const CheckpointReader& src) {
   std::vector<std::string> files{src.path()};
   if (const io::Checkpoint* c = src.checkpoint()) {
     files.push_back(c->path());
     for (const auto& s : c->shard_paths()) files.push_back(s);
-  } else if (src.kind() == SourceKind::NpyDir) {
+  } else if (src.format() == CheckpointFormat::NpyDir) {
     for (const auto& n : src.names()) files.push_back(src.file_of(n));
   }
   return files;
@@ -101,7 +101,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     if (a.method != "exact") throw BadInput("--target applies to --method exact only");
     target = a.target;
   }
-  const CheckpointSource src(a.checkpoint);
+  const CheckpointReader src = io::open_checkpoint(a.checkpoint);
   std::vector<std::string> inputs = input_files(src);
   inputs.push_back(io::detail::join_path(src.directory(), "config.json"));
   for (const std::string& f : inputs)

@@ -297,12 +297,9 @@ struct HeadConfig {
   std::string source;         ///< where the numbers came from, for reports
 };
 
-/// Reads num_attention_heads / n_head, num_key_value_heads and hidden_size / n_embd from a
-/// Hugging Face style config.json.
-inline HeadConfig read_head_config(const std::string& path) {
-  const MappedFile f(path);  // a regular file, never a FIFO
-  const char* b = reinterpret_cast<const char*>(f.data());
-  const nlohmann::json j = parse_json_strict(b, b + f.size(), path);
+/// The head counts of a parsed Hugging Face style config: num_attention_heads / n_head,
+/// num_key_value_heads and hidden_size / n_embd. `path` names the file in errors.
+inline HeadConfig head_config_from_json(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object()) throw IoError(path + ": expected a JSON object");
   auto get = [&](std::initializer_list<const char*> keys) -> std::int64_t {
     for (const char* k : keys) {
@@ -320,6 +317,13 @@ inline HeadConfig read_head_config(const std::string& path) {
   c.hidden = get({"hidden_size", "n_embd", "embed_dim"});
   c.source = path;
   return c;
+}
+
+/// Reads the head counts of a Hugging Face style config.json (head_config_from_json).
+inline HeadConfig read_head_config(const std::string& path) {
+  const MappedFile f(path);  // a regular file, never a FIFO
+  const char* b = reinterpret_cast<const char*>(f.data());
+  return head_config_from_json(parse_json_strict(b, b + f.size(), path), path);
 }
 
 /// The heads of one layer, checked against its projections: h d_k = width(W_Q),

@@ -66,9 +66,21 @@ inline ConditionResult<double> condition_from_gram_eigenvalues(const Vec<double>
 inline void squared_accuracy(ConditionResult<double>& res, const JacobianKappaOptions& jo) {
   if (res.info == Info::InvalidInput) return;
   const double eps = ScalarTraits<double>::eps();
-  const double k = std::isfinite(res.kappa) ? res.kappa : res.kappa_plus;
-  res.accuracy = std::isfinite(k) ? eps * k * k : ScalarTraits<double>::inf();
   std::ostringstream s;
+  if (res.info == Info::Singular) {
+    // ConditionResult's contract: a singular answer's sigma_min is rounding noise, so its
+    // accuracy is +inf. What is known is kappa_plus, to about eps kappa_plus^2.
+    res.accuracy = ScalarTraits<double>::inf();
+    s << "squares J: singular at its resolution sqrt(n eps) sigma_1, so sigma_min is only known "
+         "to lie below the rank tolerance";
+    if (std::isfinite(res.kappa_plus))
+      s << "; kappa_plus has relative error about eps*kappa_plus^2 = "
+        << eps * res.kappa_plus * res.kappa_plus;
+    res.note = res.note.empty() ? s.str() : s.str() + "; " + res.note;
+    return;
+  }
+  const double k = res.kappa;
+  res.accuracy = std::isfinite(k) ? eps * k * k : ScalarTraits<double>::inf();
   s << "squares J: sigma_min has relative error about eps*kappa^2 = " << res.accuracy;
   if (res.accuracy >= 1) {
     if (res.info == Info::Success) res.info = Info::Inaccurate;
