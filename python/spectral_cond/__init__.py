@@ -7,6 +7,8 @@ The functions are the library's (docs/MATH.md has every formula; docs/python.md 
 - attention_jacobian, attention_gram: J (or one block) and J J^T in closed form (§3)
 - kappa_jacobian: kappa(J) by dense, gram, iterative, lobpcg, qr or auto, with its accuracy (§12)
 - theorem34: every term of the paper's bound on kappa(J) and the verdict (§5)
+- attention_diagnostics: the attention pattern, J's block norms, the bound without hypothesis
+  (§5, §11)
 - exact_correction, lambda_correction, lambda_identity: the corrections (§6–7)
 
 Arrays: numpy float32/float64 (C or Fortran order; Fortran-order arrays are read in place) or
@@ -24,25 +26,31 @@ from typing import Any, Callable, Optional, Union
 from . import _core
 from ._arrays import as_array, as_mask, as_optional_array
 from ._results import (
+    AttentionDiagnostics,
     AttentionGradients,
     ConditionResult,
     ExactCorrection,
+    HypothesisFreeBound,
     JacobianConditionResult,
     LambdaCorrection,
     Theorem34Report,
     condition,
+    diagnostics,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionDiagnostics",
     "AttentionGradients",
     "ConditionResult",
     "ExactCorrection",
+    "HypothesisFreeBound",
     "JacobianConditionResult",
     "LambdaCorrection",
     "Theorem34Report",
     "attention",
+    "attention_diagnostics",
     "attention_gram",
     "attention_jacobian",
     "attention_jvp",
@@ -160,7 +168,21 @@ def theorem34(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
                         blocks, threads, progress)
     for k in ("X", "Lambda", "WQ", "WK", "WV", "P", "J", "JQ", "JK", "JV"):
         d[k] = condition(d[k])
+    free = d.pop("free_bound")
+    d["diagnostics"] = diagnostics(d["diagnostics"], free)
+    d["free_bound"] = None if d["diagnostics"] is None else d["diagnostics"].free_bound
     return Theorem34Report(**d)
+
+
+def attention_diagnostics(X, WQ, WK, WV, scale: Optional[float] = None,
+                          mask: Mask = None) -> AttentionDiagnostics:
+    """The attention pattern of P (row maxima, entropy, saturated rows), the spectral norms of
+    J_Q, J_K, [J_Q | J_K] and J_V with ||J_QK||/||J_V||, whether attention collapsed to the
+    identity (then kappa(J) = kappa(X) for N <= D: query/key gradients vanish), and the bound
+    without hypothesis kappa(J) <= sigma_max(J)/sigma_N(P X) (MATH.md §5, §11). Float64."""
+    fn = "attention_diagnostics"
+    return diagnostics(_core.attention_diagnostics(*_qkv(fn, X, WQ, WK, WV), scale,
+                                                   as_mask(mask, fn)))
 
 
 def exact_correction(W, target: Optional[float] = None) -> ExactCorrection:

@@ -100,6 +100,58 @@ class JacobianConditionResult(ConditionResult):
 
 
 @dataclass(repr=False)
+class HypothesisFreeBound(_Result):
+    """kappa(J) <= sigma_max(J) / sigma_N(P X) for N <= D (MATH.md §5, proven); bound is +inf
+    where it does not apply (N > D, or P X rank-deficient)."""
+
+    applicable: bool
+    bound: float
+    sigma_max_J: float
+    sigma_max_residual: float
+    sigma_N_PX: float
+    accuracy: float
+    info: str
+    note: str
+
+    _repr_fields = ("applicable", "bound", "accuracy")
+
+
+@dataclass(repr=False)
+class AttentionDiagnostics(_Result):
+    """The attention pattern and the block norms of J (MATH.md §11): row maxima and entropy of
+    P, saturated rows, sigma_max of J_Q, J_K, [J_Q | J_K] and J_V, ||J_QK||/||J_V||, whether
+    attention collapsed to the identity, and the bound without hypothesis."""
+
+    rows: int
+    row_max_min: float
+    row_max_mean: float
+    entropy_mean: float
+    saturated: int
+    saturated_diagonal: int
+    saturated_fraction: float
+    sigma_max_JQ: float
+    sigma_max_JK: float
+    sigma_max_JQK: float
+    sigma_max_JV: float
+    ratio_QK_V: float
+    norms_converged: bool
+    collapsed: bool
+    note: str
+    free_bound: Optional[HypothesisFreeBound] = None
+
+    _repr_fields = ("row_max_mean", "entropy_mean", "saturated_fraction", "ratio_QK_V",
+                    "collapsed")
+
+
+def diagnostics(d: Optional[dict], free: Optional[dict] = None) -> Optional[AttentionDiagnostics]:
+    if d is None:
+        return None
+    d = dict(d)
+    f = d.pop("free_bound", None) if free is None else free
+    return AttentionDiagnostics(**d, free_bound=None if f is None else HypothesisFreeBound(**f))
+
+
+@dataclass(repr=False)
 class Theorem34Report(_Result):
     """Every term of the paper's Theorem 3.4 (MATH.md §5) and the verdicts."""
 
@@ -121,6 +173,9 @@ class Theorem34Report(_Result):
     holds_plus: bool
     vacuous: bool
     verdict: str
+    diagnostics: Optional[AttentionDiagnostics] = None
+    free_bound: Optional[HypothesisFreeBound] = None
+    free_bound_holds: Optional[bool] = None
 
 
 @dataclass(repr=False)

@@ -6,7 +6,10 @@ analysis from real activations.
   module, in every forward pass (torch.nn.utils.parametrize), so that gradients flow to W
   (MATH.md §6–7). remove(model, fold=True) folds W + C into the weights.
 - analyze_model(model, inputs): captures each attention module's input X by forward hooks and
-  reports, per layer and head, kappa(W_Q), kappa(W_K), kappa(W_V) and kappa(J) at that X.
+  reports, per layer and head, kappa(W_Q), kappa(W_K), kappa(W_V) and kappa(J) at that X, with
+  the attention diagnostics.
+- KappaMonitor(model, every=k, log=...): the same measurements every k training steps, at the
+  current batch, to JSON lines or CSV, within a time budget per step.
 
 Attention modules found: nn.MultiheadAttention (in_proj_weight, 3D x D with row blocks Q, K, V,
 or separate q/k/v_proj_weight), hence nn.TransformerEncoderLayer and nn.TransformerDecoderLayer
@@ -29,14 +32,16 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import spectral_cond as sc
-from ._results import JacobianConditionResult, _Result
+from ._results import AttentionDiagnostics, JacobianConditionResult, _Result
 
 __all__ = [
     "AttentionSite",
     "HeadAnalysis",
+    "KappaMonitor",
     "ModelAnalysis",
     "analyze_model",
     "find_attention",
+    "read_monitor_log",
     "remove",
     "spectral_conditioning",
 ]
@@ -291,7 +296,8 @@ def remove(model: nn.Module, fold: bool = True) -> nn.Module:
 
 @dataclass(repr=False)
 class HeadAnalysis(_Result):
-    """One head of one attention layer: kappa of its weights and kappa(J) at the captured X."""
+    """One head of one attention layer: kappa of its weights and kappa(J) at the captured X,
+    with the attention diagnostics (MATH.md §11) when they were computed."""
 
     layer: int
     name: str
@@ -315,25 +321,38 @@ class HeadAnalysis(_Result):
     rope: bool
     note: str
     jacobian: Optional[JacobianConditionResult]
+    diagnostics: Optional[AttentionDiagnostics] = None
 
     _repr_fields = ("layer", "head", "kappa_WQ", "kappa_WK", "kappa_WV", "kappa_J", "method",
                     "accuracy")
+
+    def flat(self) -> dict:
+        """One flat row: the fields above without the nested results, and the diagnostics'
+        main figures (NaN / None when they were not computed)."""
+        d = self.to_dict()
+        d.pop("jacobian")
+        d.pop("diagnostics")
+        g = self.diagnostics
+        nan = float("nan")
+        d["row_max_mean"] = g.row_max_mean if g else nan
+        d["entropy_mean"] = g.entropy_mean if g else nan
+        d["saturated_fraction"] = g.saturated_fraction if g else nan
+        d["ratio_QK_V"] = g.ratio_QK_V if g else nan
+        d["collapsed"] = g.collapsed if g else None
+        d["free_bound"] = g.free_bound.bound if g and g.free_bound else nan
+        return d
 
 
 class ModelAnalysis(list):
     """The list of HeadAnalysis results of analyze_model, with to_pandas()."""
 
     def to_pandas(self):
+        """A pandas DataFrame with one row per head (HeadAnalysis.flat())."""
         try:
             import pandas as pd
         except ImportError as e:  # pandas is optional
             raise ImportError("ModelAnalysis.to_pandas needs pandas (pip install pandas)") from e
-        rows = []
-        for r in self:
-            d = r.to_dict()
-            d.pop("jacobian")
-            rows.append(d)
-        return pd.DataFrame(rows)
+        return pd.DataFrame([r.flat() for r in self])
 
 
 def _captured_input(site: AttentionSite, args: tuple, kwargs: dict) -> Tuple[Any, str]:
@@ -356,24 +375,21 @@ def _captured_input(site: AttentionSite, args: tuple, kwargs: dict) -> Tuple[Any
     return x, note
 
 
-def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: float = 1e-6,
-                  mask: str = "none", sample: int = 0, jacobian: bool = True,
-                  layers: Optional[Iterable[int]] = None,
-                  progress: Optional[Callable[[float], Any]] = None) -> ModelAnalysis:
-    """Runs `model` on `inputs` (a tensor, a tuple of positional arguments, or a dict of keyword
-    arguments) without gradients, captures each attention module's input X (sample `sample` of
-    the batch) by forward hooks, and returns per layer and head kappa(W_Q), kappa(W_K),
-    kappa(W_V) (the head's D x d block, MATH.md §4) and kappa(J) of that head at X
-    (kappa_jacobian with `method` and `tol`, MATH.md §12; the result carries the method used
-    and its accuracy). Biases, RoPE and query/key normalisation are not in the library's
-    attention: such modules are flagged (has_bias, rope) and their note says that kappa(J)
-    ignores them. `mask` ('none' or 'causal') is the mask kappa(J) uses. `progress` is called
-    with the fraction of heads done.
-    """
-    sites = find_attention(model)
-    if not sites:
-        raise ValueError("analyze_model: the model has no attention module spectral_cond knows")
-    wanted = None if layers is None else set(layers)
+def _run(model: nn.Module, inputs: Any) -> None:
+    if isinstance(inputs, dict):
+        model(**inputs)
+    elif isinstance(inputs, (tuple, list)):
+        model(*inputs)
+    else:
+        model(inputs)
+
+
+def _capture(model: nn.Module, sites: List[AttentionSite], inputs: Any,
+             probe: bool = False) -> Dict[int, Tuple[Any, str]]:
+    """Runs `model` on `inputs` without gradients and returns, per site index, the input X its
+    attention module saw (the first call) and a note. probe=True runs it in eval mode (no
+    dropout) with the global random state saved and restored, so that a measurement during
+    training changes neither the model's mode nor the random numbers training draws next."""
     captured: Dict[int, Tuple[Any, str]] = {}
     handles = []
     for i, s in enumerate(sites):
@@ -382,54 +398,103 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                 x, note = _captured_input(s, args, kwargs)
                 captured[i] = (x.detach(), note)
         handles.append(s.module.register_forward_pre_hook(hook, with_kwargs=True))
+    was_training = model.training
+    # In eval mode without gradients nn.TransformerEncoderLayer and nn.MultiheadAttention take
+    # a fused "fast path" that never calls the attention module's forward (nor its hooks).
+    mha = getattr(torch.backends, "mha", None)
+    fast = mha.get_fastpath_enabled() if mha is not None else None
     try:
+        if fast is not None:
+            mha.set_fastpath_enabled(False)
         with torch.no_grad():
-            if isinstance(inputs, dict):
-                model(**inputs)
-            elif isinstance(inputs, (tuple, list)):
-                model(*inputs)
+            if probe:
+                model.eval()
+                with torch.random.fork_rng(devices=[]):
+                    _run(model, inputs)
             else:
-                model(inputs)
+                _run(model, inputs)
     finally:
         for h in handles:
             h.remove()
+        model.train(was_training)
+        if fast is not None:
+            mha.set_fastpath_enabled(fast)
+    return captured
+
+
+def _site_X(site: AttentionSite, captured: Dict[int, Tuple[Any, str]], i: int,
+            sample: int) -> Tuple[Optional[np.ndarray], List[str]]:
+    """The float64 X of site i (sample `sample` of a batch) and the notes that go with it."""
+    notes = list(site.notes)
+    X = None
+    if i not in captured:
+        notes.append("the module did not run on these inputs: no X, kappa(J) not computed")
+    else:
+        x, cnote = captured[i]
+        if cnote:
+            notes.append(cnote + ": kappa(J) of self-attention not computed")
+        else:
+            if x.dim() == 3:
+                x = x[sample]
+            X = x.to("cpu", torch.float64).numpy()
+    if site.has_bias:
+        notes.append("the module has biases; kappa(J) ignores them (not in the library yet)")
+    if site.rope:
+        notes.append("the module applies rotary position embeddings (RoPE); kappa(J) "
+                     "ignores them (not in the library yet)")
+    return X, notes
+
+
+def _head_weights(site: AttentionSite, WQ: np.ndarray, WK: np.ndarray, WV: np.ndarray,
+                  h: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    d = site.head_dim
+    g = h // (site.heads // site.kv_heads)
+    return (g, WQ[:, h * d:(h + 1) * d], WK[:, g * d:(g + 1) * d], WV[:, g * d:(g + 1) * d])
+
+
+def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: float = 1e-6,
+                  mask: str = "none", sample: int = 0, jacobian: bool = True,
+                  layers: Optional[Iterable[int]] = None,
+                  progress: Optional[Callable[[float], Any]] = None,
+                  diagnostics: bool = True) -> ModelAnalysis:
+    """Runs `model` on `inputs` (a tensor, a tuple of positional arguments, or a dict of keyword
+    arguments) without gradients, captures each attention module's input X (sample `sample` of
+    the batch) by forward hooks, and returns per layer and head kappa(W_Q), kappa(W_K),
+    kappa(W_V) (the head's D x d block, MATH.md §4) and kappa(J) of that head at X
+    (kappa_jacobian with `method` and `tol`, MATH.md §12; the result carries the method used
+    and its accuracy), with the attention diagnostics (MATH.md §11: the pattern, J's block
+    norms, the bound without hypothesis) when `diagnostics`. Biases, RoPE and query/key
+    normalisation are not in the library's attention: such modules are flagged (has_bias,
+    rope) and their note says that kappa(J) ignores them. `mask` ('none' or 'causal') is the
+    mask kappa(J) uses. `progress` is called with the fraction of heads done.
+    """
+    sites = find_attention(model)
+    if not sites:
+        raise ValueError("analyze_model: the model has no attention module spectral_cond knows")
+    wanted = None if layers is None else set(layers)
+    captured = _capture(model, sites, inputs)
     todo = [(i, s) for i, s in enumerate(sites) if wanted is None or i in wanted]
     total = sum(s.heads for _, s in todo) or 1
     done = 0
     out = ModelAnalysis()
     for i, s in todo:
-        X = None
-        base_notes = list(s.notes)
-        if i not in captured:
-            base_notes.append("the module did not run on these inputs: no X, kappa(J) not computed")
-        else:
-            x, cnote = captured[i]
-            if cnote:
-                base_notes.append(cnote + ": kappa(J) of self-attention not computed")
-            else:
-                if x.dim() == 3:
-                    x = x[sample]
-                X = x.to("cpu", torch.float64).numpy()
-        if s.has_bias:
-            base_notes.append("the module has biases; kappa(J) ignores them (not in the library yet)")
-        if s.rope:
-            base_notes.append("the module applies rotary position embeddings (RoPE); kappa(J) "
-                              "ignores them (not in the library yet)")
+        X, base_notes = _site_X(s, captured, i, sample)
         WQ, WK, WV = s.q.W(), s.k.W(), s.v.W()
         d = s.head_dim
-        group = s.heads // s.kv_heads
         for h in range(s.heads):
-            g = h // group
-            wq = WQ[:, h * d:(h + 1) * d]
-            wk = WK[:, g * d:(g + 1) * d]
-            wv = WV[:, g * d:(g + 1) * d]
+            g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
             notes = list(base_notes)
             J = None
+            diag = None
             if jacobian and X is not None:
                 J = sc.kappa_jacobian(X, wq, wk, wv, method=method, tol=tol, scale=s.scale,
                                       mask=mask)
                 if J.note:
                     notes.append(J.note)
+                if diagnostics:
+                    diag = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=mask)
+                    if diag.note:
+                        notes.append(diag.note)
             nan = float("nan")
             out.append(HeadAnalysis(
                 layer=i, name=s.name, kind=s.kind, head=h, kv_head=g,
@@ -440,8 +505,229 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                 kappa_J=J.kappa if J else nan, kappa_plus_J=J.kappa_plus if J else nan,
                 method=J.method if J else "", accuracy=J.accuracy if J else nan,
                 info=J.info if J else "not_computed", has_bias=s.has_bias, rope=s.rope,
-                note="; ".join(notes), jacobian=J))
+                note="; ".join(notes), jacobian=J, diagnostics=diag))
             done += 1
             if progress is not None:
                 progress(done / total)
+    return out
+
+
+class _Budget(Exception):
+    """Raised from a progress callback to stop a kappa(J) call that ran past its budget."""
+
+
+class KappaMonitor:
+    """A training callback that measures conditioning every `every` steps (MATH.md §4, §11, §12).
+
+    monitor = KappaMonitor(model, every=50, log="kappa.jsonl")
+    for step, (x, y) in enumerate(batches):
+        ...; optimizer.step()
+        monitor(step, x)        # measures at steps 0, 50, 100, ... on this batch
+
+    At each measured step it writes one JSON line per layer (kind "layer": kappa of the layer's
+    effective W_Q, W_K, W_V, i.e. with any spectral_conditioning correction) and one per
+    sampled head (kind "head": kappa of the head's blocks, kappa(J) at the batch's real
+    activations with method, stated accuracy and info, and the attention diagnostics with the
+    bound without hypothesis). `heads` heads are sampled per layer (None: all) with a generator
+    seeded by (seed, step), so every run with the same seed measures the same heads. kappa(J)
+    calls share a time budget of `budget_s` seconds per measured step: a call running past it is
+    cancelled and logged with info "budget", and the heads after it are logged as "skipped".
+    The probe forward pass runs in eval mode without gradients and restores the global random
+    state, so monitoring changes neither the model's mode nor the random numbers training draws.
+    `log` may be a path ending in .jsonl/.json (JSON lines) or .csv, or None (records are
+    kept in `records` either way). `overhead_s` is the time spent measuring.
+    """
+
+    def __init__(self, model: nn.Module, every: int = 100, log: Optional[str] = None,
+                 heads: Optional[int] = 1, method: str = "auto", tol: float = 1e-6,
+                 budget_s: float = 10.0, mask: str = "none", sample: int = 0, seed: int = 0,
+                 diagnostics: bool = True, layers: Optional[Iterable[int]] = None):
+        if every < 1:
+            raise ValueError("KappaMonitor: every must be >= 1")
+        if heads is not None and heads < 1:
+            raise ValueError("KappaMonitor: heads must be >= 1 or None (all heads)")
+        if not budget_s > 0:
+            raise ValueError("KappaMonitor: budget_s must be > 0")
+        self.model = model
+        self.every = every
+        self.heads = heads
+        self.method = method
+        self.tol = tol
+        self.budget_s = budget_s
+        self.mask = mask
+        self.sample = sample
+        self.seed = seed
+        self.diagnostics = diagnostics
+        self.layers = None if layers is None else set(layers)
+        self.sites = find_attention(model)
+        if not self.sites:
+            raise ValueError("KappaMonitor: the model has no attention module spectral_cond knows")
+        self.records: List[dict] = []
+        self.overhead_s = 0.0
+        self._log = log
+        self._file = None
+        self._csv = None
+        if log is not None:
+            if not (log.endswith(".jsonl") or log.endswith(".json") or log.endswith(".csv")):
+                raise ValueError(f"KappaMonitor: log {log!r}: expected a .jsonl, .json or .csv path")
+            self._file = open(log, "w", newline="")
+
+    def __enter__(self) -> "KappaMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __call__(self, step: int, inputs: Any, **extra: Any) -> Optional[List[dict]]:
+        """Measures when step % every == 0 (returns the new records), else does nothing and
+        returns None. `extra` (e.g. loss=..., epoch=...) is copied into every record."""
+        if step % self.every != 0:
+            return None
+        return self.measure(inputs, step=step, **extra)
+
+    def measure(self, inputs: Any, step: int = 0, **extra: Any) -> List[dict]:
+        """Measures now, whatever the step."""
+        import time
+
+        t0 = time.perf_counter()
+        captured = _capture(self.model, self.sites, inputs, probe=True)
+        rng = np.random.default_rng([self.seed, step])
+        deadline = t0 + self.budget_s
+        new: List[dict] = []
+        for i, s in enumerate(self.sites):
+            if self.layers is not None and i not in self.layers:
+                continue
+            X, notes = _site_X(s, captured, i, self.sample)
+            WQ, WK, WV = s.q.W(), s.k.W(), s.v.W()
+            base = dict(extra, step=step, layer=i, name=s.name)
+            new.append(dict(base, kind="layer", kappa_WQ=sc.kappa(WQ).kappa,
+                            kappa_WK=sc.kappa(WK).kappa, kappa_WV=sc.kappa(WV).kappa,
+                            N=0 if X is None else int(X.shape[0]), D=s.D, heads=s.heads))
+            chosen = range(s.heads) if self.heads is None or self.heads >= s.heads else sorted(
+                int(h) for h in rng.choice(s.heads, size=self.heads, replace=False))
+            for h in chosen:
+                new.append(self._head(base, s, X, notes, WQ, WK, WV, h, deadline))
+        self.overhead_s += time.perf_counter() - t0
+        self._write(new)
+        self.records.extend(new)
+        return new
+
+    def _head(self, base: dict, s: AttentionSite, X: Optional[np.ndarray], notes: List[str],
+              WQ, WK, WV, h: int, deadline: float) -> dict:
+        import time
+
+        g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
+        nan = float("nan")
+        r = dict(base, kind="head", head=h, kv_head=g, kappa_WQ=sc.kappa(wq).kappa,
+                 kappa_WK=sc.kappa(wk).kappa, kappa_WV=sc.kappa(wv).kappa, kappa_J=nan,
+                 kappa_plus_J=nan, sigma_min_J=nan, sigma_max_J=nan, method="", accuracy=nan,
+                 info="not_computed", row_max_mean=nan, row_max_min=nan, entropy_mean=nan,
+                 saturated_fraction=nan, ratio_QK_V=nan, collapsed=None, free_bound=nan,
+                 seconds=0.0, note="; ".join(notes))
+        if X is None:
+            return r
+        if time.perf_counter() >= deadline:
+            r["info"] = "skipped"
+            r["note"] = "; ".join(notes + ["the step's time budget was spent before this head"])
+            return r
+
+        def check(_fraction):
+            if time.perf_counter() > deadline:
+                raise _Budget()
+
+        t = time.perf_counter()
+        try:
+            J = sc.kappa_jacobian(X, wq, wk, wv, method=self.method, tol=self.tol,
+                                  scale=s.scale, mask=self.mask, progress=check)
+        except _Budget:
+            r["info"] = "budget"
+            r["seconds"] = time.perf_counter() - t
+            r["note"] = "; ".join(notes + [f"kappa(J) cancelled after the step's budget of "
+                                           f"{self.budget_s} s"])
+            return r
+        r.update(kappa_J=J.kappa, kappa_plus_J=J.kappa_plus, sigma_min_J=J.sigma_min,
+                 sigma_max_J=J.sigma_max, method=J.method, accuracy=J.accuracy, info=J.info)
+        if J.note:
+            notes = notes + [J.note]
+        if self.diagnostics:
+            d = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=self.mask)
+            r.update(row_max_mean=d.row_max_mean, row_max_min=d.row_max_min,
+                     entropy_mean=d.entropy_mean, saturated_fraction=d.saturated_fraction,
+                     ratio_QK_V=d.ratio_QK_V, collapsed=d.collapsed,
+                     free_bound=d.free_bound.bound if d.free_bound else nan)
+            if d.note:
+                notes = notes + [d.note]
+        r["seconds"] = time.perf_counter() - t
+        r["note"] = "; ".join(notes)
+        return r
+
+    # Columns of the CSV log: every key of a head record; layer records leave the head columns
+    # empty. Extra keys (loss=..., ...) go first, in the order of the first call.
+    _COLUMNS = ("step", "kind", "layer", "name", "head", "kv_head", "N", "D", "heads",
+                "kappa_WQ", "kappa_WK", "kappa_WV", "kappa_J", "kappa_plus_J", "sigma_min_J",
+                "sigma_max_J", "method", "accuracy", "info", "row_max_mean", "row_max_min",
+                "entropy_mean", "saturated_fraction", "ratio_QK_V", "collapsed", "free_bound",
+                "seconds", "note")
+
+    def _write(self, new: List[dict]) -> None:
+        if self._file is None or not new:
+            return
+        import json
+
+        if self._log.endswith(".csv"):
+            import csv
+
+            if self._csv is None:
+                extra = [k for k in new[0] if k not in self._COLUMNS]
+                self._csv = csv.DictWriter(self._file, fieldnames=extra + list(self._COLUMNS),
+                                           extrasaction="ignore")
+                self._csv.writeheader()
+            for r in new:
+                self._csv.writerow({k: _csv_value(v) for k, v in r.items()})
+        else:
+            for r in new:
+                self._file.write(json.dumps({k: _json_value(v) for k, v in r.items()}) + "\n")
+        self._file.flush()
+
+
+def _json_value(v: Any) -> Any:
+    """JSON has no inf or NaN: +inf is written as the string "inf", NaN as null."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return None
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def read_monitor_log(path: str) -> List[dict]:
+    """The records of a KappaMonitor JSON-lines log, with "inf" read back as float('inf') and
+    null as NaN (the inverse of the log's encoding)."""
+    import json
+
+    out = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            for k, v in r.items():
+                if v is None and k not in ("collapsed",):
+                    r[k] = float("nan")
+                elif v in ("inf", "-inf"):
+                    r[k] = float(v)
+            out.append(r)
     return out

@@ -122,6 +122,72 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
   });
 }
 
+nb::dict diagnostics_dict(const AttentionDiagnostics& d) {
+  nb::dict out;
+  const AttentionPattern& a = d.pattern;
+  out["rows"] = int64_t(a.rows);
+  out["row_max_min"] = a.row_max_min;
+  out["row_max_mean"] = a.row_max_mean;
+  out["entropy_mean"] = a.entropy_mean;
+  out["saturated"] = int64_t(a.saturated);
+  out["saturated_diagonal"] = int64_t(a.saturated_diagonal);
+  out["saturated_fraction"] = a.saturated_fraction;
+  const JacobianBlockNorms& n = d.norms;
+  out["sigma_max_JQ"] = n.sigma_max_JQ;
+  out["sigma_max_JK"] = n.sigma_max_JK;
+  out["sigma_max_JQK"] = n.sigma_max_JQK;
+  out["sigma_max_JV"] = n.sigma_max_JV;
+  out["ratio_QK_V"] = n.ratio_QK_V;
+  out["norms_converged"] = n.converged;
+  out["collapsed"] = d.collapsed;
+  out["note"] = d.note;
+  return out;
+}
+
+nb::dict free_bound_dict(const HypothesisFreeBound& b) {
+  nb::dict out;
+  out["applicable"] = b.applicable;
+  out["bound"] = b.bound;
+  out["sigma_max_J"] = b.sigma_max_J;
+  out["sigma_max_residual"] = b.sigma_max_residual;
+  out["sigma_N_PX"] = b.PX.sigma_min;
+  out["accuracy"] = b.accuracy;
+  out["info"] = std::string(to_string(b.info));
+  out["note"] = b.note;
+  return out;
+}
+
+/// The attention pattern, the block norms of J and the bound without hypothesis (MATH.md §5,
+/// §11), in double whatever the inputs' dtype.
+nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& WK,
+                                  const Array& WV, std::optional<double> scale,
+                                  const nb::object& mask) {
+  constexpr const char* fn = "attention_diagnostics";
+  const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
+  return dispatch(d, [&](auto tag) {
+    using S = decltype(tag);
+    const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
+    require_finite<S>(fn, "X", x);
+    require_finite<S>(fn, "W_Q", wq);
+    require_finite<S>(fn, "W_K", wk);
+    require_finite<S>(fn, "W_V", wv);
+    const AttentionOptions<double> o = attention_options<double>(fn, scale, mask);
+    const Mat<double> xd = x.template cast<double>(), qd = wq.template cast<double>(),
+                      kd = wk.template cast<double>(), vd = wv.template cast<double>();
+    AttentionDiagnostics diag;
+    HypothesisFreeBound free;
+    {
+      nb::gil_scoped_release release;
+      const Mat<double> P = attention_forward(xd, qd, kd, vd, o).P;
+      diag = attention_diagnostics(xd, qd, kd, vd, o, P);
+      free = hypothesis_free_bound(xd, qd, kd, vd, o, P);
+    }
+    nb::dict out = diagnostics_dict(diag);
+    out["free_bound"] = free_bound_dict(free);
+    return out;
+  });
+}
+
 nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
                       const std::string& method, double tol, std::optional<double> scale,
                       const nb::object& mask, std::optional<double> rtol, bool blocks,
@@ -166,6 +232,13 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
     out["holds_plus"] = r.holds_plus;
     out["vacuous"] = r.vacuous;
     out["verdict"] = r.verdict;
+    if (r.have_diagnostics) {
+      out["diagnostics"] = diagnostics_dict(r.diagnostics);
+      out["free_bound"] = free_bound_dict(r.free_bound);
+      out["free_bound_holds"] = r.free_bound_holds;
+    } else {
+      out["diagnostics"] = out["free_bound"] = out["free_bound_holds"] = nb::none();
+    }
     return out;
   });
 }
@@ -282,6 +355,10 @@ NB_MODULE(_core, m) {
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("blocks") = true,
         nb::arg("threads") = 0u, nb::arg("progress") = none,
         "Every term of Theorem 3.4 (MATH.md §5), as a dict");
+  m.def("attention_diagnostics", &attention_diagnostics_py, nb::arg("X"), nb::arg("WQ"),
+        nb::arg("WK"), nb::arg("WV"), nb::arg("scale") = none, nb::arg("mask") = none,
+        "The attention pattern, J's block norms and the bound without hypothesis (MATH.md §5, "
+        "§11)");
   m.def("exact_correction", &exact_correction_py, nb::arg("W"), nb::arg("target") = none,
         "The exact correction of Theorem 3.5 (MATH.md §6), as a dict");
   m.def("lambda_correction", &lambda_correction_py, nb::arg("W"), nb::arg("lam") = 10.0,
