@@ -22,17 +22,26 @@ namespace detail {
 /// solvers as if they had not converged (tests inject non-converging solvers through it).
 inline thread_local int symmetric_eigen_failures = 0;
 
+/// Below this order symmetric_eigenvalues tries Eigen's solver before LAPACK: on small matrices
+/// a multithreaded BLAS spends more time synchronising its threads than computing (measured on
+/// 16 x 16 blocks: LAPACK's ?syevd spun in OpenBLAS's thread barrier whenever the other core
+/// was busy), and Eigen's QR iteration is fast there.
+inline constexpr Index symmetric_eigen_lapack_min_size = 64;
+
 /// The eigenvalues of the symmetric `G` (only its lower triangle is read by LAPACK; Eigen reads
 /// the whole, which is symmetric here) in ascending order, into `ascending`. Tries, in turn:
-/// LAPACK ?syevd (where the build has LAPACKE), Eigen's SelfAdjointEigenSolver, and for a
+/// LAPACK ?syevd (where the build has LAPACKE; for orders below
+/// symmetric_eigen_lapack_min_size after Eigen's), Eigen's SelfAdjointEigenSolver, and for a
 /// positive semidefinite `G` (`psd`) the singular values from Eigen's BDCSVD (which equal the
 /// eigenvalues of a PSD matrix). Each solver's status is checked and the values are checked to
 /// be finite and sorted. Returns the name of the solver that answered, or an empty string when
 /// none did (then `ascending` is left empty). `note` collects why a solver was passed over.
+/// The test hook symmetric_eigen_failures counts solvers in the order they are tried.
 template <typename Scalar>
 std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& ascending,
                                   std::string& note) {
   const Index n = G.rows();
+  int tried = 0;  // solvers tried so far, for the test hook
   auto accept = [&](const Vec<Scalar>& v) {
     if (v.size() != n || !v.allFinite()) return false;
     for (Index i = 1; i < n; ++i)
@@ -41,31 +50,43 @@ std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& a
     return true;
   };
   auto add = [&](const std::string& s) { note += (note.empty() ? "" : "; ") + s; };
+  auto lapack = [&]() -> bool {
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
-  if constexpr (std::is_same<Scalar, double>::value || std::is_same<Scalar, float>::value) {
-    Mat<Scalar> A = G;
-    Vec<Scalar> w(n);
-    lapack_int rc;
-    if constexpr (std::is_same<Scalar, double>::value)
-      rc = LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
-                          static_cast<lapack_int>(n), w.data());
-    else
-      rc = LAPACKE_ssyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
-                          static_cast<lapack_int>(n), w.data());
-    if (symmetric_eigen_failures < 1 && rc == 0 && accept(w)) return "lapack_syevd";
-    add("LAPACK syevd failed (info = " + std::to_string(rc) + ")");
-  }
+    if constexpr (std::is_same<Scalar, double>::value || std::is_same<Scalar, float>::value) {
+      Mat<Scalar> A = G;
+      Vec<Scalar> w(n);
+      lapack_int rc;
+      if constexpr (std::is_same<Scalar, double>::value)
+        rc = LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
+                            static_cast<lapack_int>(n), w.data());
+      else
+        rc = LAPACKE_ssyevd(LAPACK_COL_MAJOR, 'N', 'L', static_cast<lapack_int>(n), A.data(),
+                            static_cast<lapack_int>(n), w.data());
+      if (symmetric_eigen_failures < ++tried && rc == 0 && accept(w)) return true;
+      add("LAPACK syevd failed (info = " + std::to_string(rc) + ")");
+    }
 #endif
-  {
+    return false;
+  };
+  auto eigen = [&]() -> bool {
     Eigen::SelfAdjointEigenSolver<Mat<Scalar>> es(G, Eigen::EigenvaluesOnly);
-    if (symmetric_eigen_failures < 2 && es.info() == Eigen::Success && accept(es.eigenvalues()))
-      return "eigen_selfadjoint";
+    if (symmetric_eigen_failures < ++tried && es.info() == Eigen::Success &&
+        accept(es.eigenvalues()))
+      return true;
     add(es.info() == Eigen::Success ? "Eigen's SelfAdjointEigenSolver returned unsorted values"
                                     : "Eigen's SelfAdjointEigenSolver did not converge");
+    return false;
+  };
+  if (n < symmetric_eigen_lapack_min_size) {
+    if (eigen()) return "eigen_selfadjoint";
+    if (lapack()) return "lapack_syevd";
+  } else {
+    if (lapack()) return "lapack_syevd";
+    if (eigen()) return "eigen_selfadjoint";
   }
   if (psd) {
     Eigen::BDCSVD<Mat<Scalar>> svd(G);
-    if (symmetric_eigen_failures < 3 && svd.info() == Eigen::Success) {
+    if (symmetric_eigen_failures < ++tried && svd.info() == Eigen::Success) {
       Vec<Scalar> s = svd.singularValues().reverse();  // ascending
       if (accept(s)) return "bdc_svd (of the positive semidefinite matrix)";
     }
