@@ -136,8 +136,8 @@ struct VerifyInstance {
 
 /// Counts of one statement's checks. A check re-checked in extended precision counts by its
 /// extended verdict; `artefacts` of the float64 failures were overturned there (counted as held
-/// or not applicable), `unresolved` stayed unresolved (counted as violated: a proven statement
-/// is failed until shown to hold).
+/// or not applicable), `unresolved` stayed unresolved: counted as violated when float64 failed
+/// (a proven statement is failed until shown to hold), else as what extended precision says.
 struct CheckCounts {
   Index held = 0, violated = 0, not_applicable = 0;
   Index rechecked = 0, artefacts = 0, unresolved = 0;
@@ -351,8 +351,11 @@ inline void count_check(VerifyReport& rep, RegimeStats& st, const VerifyInstance
 
 /// A proven check with an extended-precision re-check: a float64 failure, or a verdict resting
 /// on an uncertain rank decision, is recomputed by `recheck` and counts by what it says there.
-/// Still failed there (or unresolved: a rank decision uncertain even there) is a failure; held or
-/// not applicable there with certain ranks overturns a float64 failure (an artefact).
+/// A float64 failure still failed there, or unresolved there (a rank decision uncertain even
+/// there), is a failure; held or not applicable there with certain ranks overturns it (an
+/// artefact). A verdict that was no failure in float64 and is none in extended precision counts
+/// as what extended precision says, certain or not (then it is also counted unresolved): nothing
+/// failed at either precision.
 inline void count_check_rechecked(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
                                   CheckCounts& counts, const std::string& statement,
                                   const std::string& matrix, const CheckResult& r,
@@ -364,6 +367,11 @@ inline void count_check_rechecked(VerifyReport& rep, RegimeStats& st, const Veri
   ++counts.rechecked;
   const CheckResult e = recheck();
   const bool resolved = e.rank_certain;
+  if (r.status != CheckStatus::Violated && e.status != CheckStatus::Violated) {
+    counts.add(e.status);
+    if (!resolved) ++counts.unresolved;
+    return;
+  }
   if (resolved && e.status != CheckStatus::Violated) {
     counts.add(e.status);
     if (r.status != CheckStatus::Violated) return;

@@ -258,7 +258,12 @@ CheckResult check_concatenation(const std::vector<Mat<Scalar>>& blocks,
         << ") has rank " << b.rank << " < " << m
         << " rows at the tolerance of the whole (not of full row rank)";
       CheckResult r = detail::not_applicable(d.str());
-      r.rank_certain = b.rank_certain;
+      // "Not of full row rank" is certain when fewer than m singular values could lie above
+      // the tolerance (above rank_tol / margin), whatever the exact cut among them.
+      Index possible = 0;
+      for (Index k = 0; k < sv.size(); ++k)
+        if (sv(k) * opts.rank_margin > c.rank_tol) ++possible;
+      r.rank_certain = possible < m;
       return r;
     }
     certain = certain && b.rank_certain;
