@@ -451,8 +451,7 @@ void check_seed(std::uint64_t seed) {
   CHECK(rep.proven_ok());
   Index real = 0;
   for (const VerifyViolation& v : rep.violations) {
-    INFO(v.statement << " " << v.classification << ": " << v.detail << " / "
-                     << v.extended_detail);
+    INFO(v.statement << " " << v.classification << ": " << v.detail << " / " << v.extended_detail);
     CHECK(!v.proven);
     if (v.statement == "theorem34_plus" && v.classification == "real") {
       ++real;

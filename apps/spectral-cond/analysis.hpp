@@ -5,8 +5,8 @@
 // a time from an io::CheckpointReader, so only the current layer's tensors are in memory.
 #pragma once
 
-#include "index_selection.hpp"
 #include "device.hpp"
+#include "index_selection.hpp"
 
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/corrections.hpp>

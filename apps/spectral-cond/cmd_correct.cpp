@@ -15,9 +15,9 @@
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
 #include "analysis.hpp"
-#include "index_selection.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "index_selection.hpp"
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>

@@ -159,9 +159,8 @@ nb::dict free_bound_dict(const HypothesisFreeBound& b) {
 
 /// The attention pattern, the block norms of J and the bound without hypothesis (MATH.md §5,
 /// §11), in double whatever the inputs' dtype.
-nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& WK,
-                                  const Array& WV, std::optional<double> scale,
-                                  const nb::object& mask) {
+nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
+                                  std::optional<double> scale, const nb::object& mask) {
   constexpr const char* fn = "attention_diagnostics";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {

@@ -66,11 +66,11 @@ namespace detail {
 
 /// The header of a .npy file held in memory (checked exactly as parse_npy checks it).
 inline detail::NpyHeader npy_header(const std::uint8_t* data, std::size_t size,
-                                        const std::string& name) {
+                                    const std::string& name) {
   const detail::NpyPreamble pre = detail::parse_npy_preamble(data, size, name);
   detail::NpyHeader h =
       detail::NpyHeaderParser(reinterpret_cast<const char*>(data) + pre.header_offset,
-                                  pre.header_len, name)
+                              pre.header_len, name)
           .parse();
   detail::check_npy_data_size(h, size - pre.header_offset - pre.header_len, name);
   return h;
@@ -153,21 +153,21 @@ class CheckpointReader {
       const TensorInfo& t = ckpt_->info(name);
       if (t.shape.size() != 2)
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
-                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
+                      detail::shape_string(t.shape) + ", expected a 2-D matrix");
       m = ckpt_->matrix<double>(name);
     } else {
       const NpyArray a = array(name);
       if (a.ndim() != 2)
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
-                       a.shape_string() + ", expected a 2-D matrix");
+                      a.shape_string() + ", expected a 2-D matrix");
       m = a.to_matrix();
     }
     for (Index j = 0; j < m.cols(); ++j)
       for (Index i = 0; i < m.rows(); ++i)
         if (!std::isfinite(m(i, j)))
           throw IoError(file_of(name) + ": tensor " + detail::quote(name) +
-                         " has a NaN or Inf entry at [" + std::to_string(i) + ", " +
-                         std::to_string(j) + "]");
+                        " has a NaN or Inf entry at [" + std::to_string(i) + ", " +
+                        std::to_string(j) + "]");
     return m;
   }
 
@@ -246,7 +246,9 @@ class CheckpointReader {
 
 /// Opens the checkpoint at `path`: a directory of .npy files, an .npz archive, or a safetensors
 /// file, sharded index or directory holding one. Throws IoError naming the path.
-inline CheckpointReader open_checkpoint(const std::string& path) { return CheckpointReader(path); }
+inline CheckpointReader open_checkpoint(const std::string& path) {
+  return CheckpointReader(path);
+}
 
 }  // namespace io
 }  // namespace spectral_cond
