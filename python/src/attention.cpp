@@ -18,19 +18,6 @@ JacobianBlock parse_block(const char* fn, const std::string& b) {
   value_error(fn, "block must be 'all', 'q', 'k', 'v' or 'x' (got '" + b + "')");
 }
 
-/// The four inputs of every attention routine, checked and viewed.
-template <typename Scalar>
-struct Inputs {
-  CRef<Scalar> X, WQ, WK, WV;
-  Inputs(const char* fn, const Array& x, const Array& wq, const Array& wk, const Array& wv)
-      : X(view<Scalar>(x)), WQ(view<Scalar>(wq)), WK(view<Scalar>(wk)), WV(view<Scalar>(wv)) {
-    require_finite<Scalar>(fn, "X", X);
-    require_finite<Scalar>(fn, "W_Q", WQ);
-    require_finite<Scalar>(fn, "W_K", WK);
-    require_finite<Scalar>(fn, "W_V", WV);
-  }
-};
-
 nb::object attention_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
                         std::optional<double> scale, const nb::object& mask) {
   constexpr const char* fn = "attention";

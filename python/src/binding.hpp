@@ -194,6 +194,19 @@ AttentionOptions<Scalar> attention_options(const char* fn, std::optional<double>
   return o;
 }
 
+/// The four inputs of every attention routine, checked and viewed.
+template <typename Scalar>
+struct Inputs {
+  CRef<Scalar> X, WQ, WK, WV;
+  Inputs(const char* fn, const Array& x, const Array& wq, const Array& wk, const Array& wv)
+      : X(view<Scalar>(x)), WQ(view<Scalar>(wq)), WK(view<Scalar>(wk)), WV(view<Scalar>(wv)) {
+    require_finite<Scalar>(fn, "X", X);
+    require_finite<Scalar>(fn, "W_Q", WQ);
+    require_finite<Scalar>(fn, "W_K", WK);
+    require_finite<Scalar>(fn, "W_V", WV);
+  }
+};
+
 /// Raised through the library by a progress callback to cancel a call; carries nothing: the
 /// Python error it stands for is kept by the Progress object that threw it.
 struct Cancelled {};

@@ -97,11 +97,8 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
-    const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
-    require_finite<S>(fn, "X", x);
-    require_finite<S>(fn, "W_Q", wq);
-    require_finite<S>(fn, "W_K", wk);
-    require_finite<S>(fn, "W_V", wv);
+    const Inputs<S> in(fn, X, WQ, WK, WV);
+    const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
     const AttentionOptions<S> o = attention_options<S>(fn, scale, mask);
     JacobianKappaOptions jo = jacobian_options(fn, method, tol, rtol, threads, block_cols, seed);
     Progress bridge(progress);
@@ -165,11 +162,8 @@ nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& 
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
-    const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
-    require_finite<S>(fn, "X", x);
-    require_finite<S>(fn, "W_Q", wq);
-    require_finite<S>(fn, "W_K", wk);
-    require_finite<S>(fn, "W_V", wv);
+    const Inputs<S> in(fn, X, WQ, WK, WV);
+    const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
     const AttentionOptions<double> o = attention_options<double>(fn, scale, mask);
     const Mat<double> xd = x.template cast<double>(), qd = wq.template cast<double>(),
                       kd = wk.template cast<double>(), vd = wv.template cast<double>();
@@ -195,11 +189,8 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
-    const CRef<S> x = view<S>(X), wq = view<S>(WQ), wk = view<S>(WK), wv = view<S>(WV);
-    require_finite<S>(fn, "X", x);
-    require_finite<S>(fn, "W_Q", wq);
-    require_finite<S>(fn, "W_K", wk);
-    require_finite<S>(fn, "W_V", wv);
+    const Inputs<S> in(fn, X, WQ, WK, WV);
+    const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
     const AttentionOptions<S> o = attention_options<S>(fn, scale, mask);
     BoundOptions bo;
     bo.jacobian = jacobian_options(fn, method, tol, rtol, threads, 0, std::nullopt);
