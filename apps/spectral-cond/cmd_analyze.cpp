@@ -90,7 +90,7 @@ void register_analyze(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "analyze", "kappa of W_Q, W_K, W_V in checkpoints, before and after the corrections");
   cmd->add_option("checkpoint", a->checkpoints,
-                  "a .safetensors file, a sharded *.index.json, a directory, or an .npz")
+                  "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
       ->required();
   add_analysis_options(cmd, a->opts);
   cmd->add_option("--target", a->target,

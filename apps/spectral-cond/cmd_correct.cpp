@@ -190,6 +190,9 @@ void run_correct(const CorrectArgs& a, bool target_set) {
       t.bytes = {m->second.data(), m->second.size()};
     } else if (ck) {
       t.bytes = ck->bytes(name);
+    } else if (const io::PytorchFile* pt = src.pytorch()) {
+      keep.emplace_back();
+      t.bytes = pt->bytes(name, keep.back());  // in place when contiguous, else gathered
     } else {
       keep.push_back(encode_array(src.array(name), t.dtype, src.file_of(name)));
       t.bytes = {keep.back().data(), keep.back().size()};
@@ -213,7 +216,7 @@ void register_correct(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "correct", "Fold the lambda I_k or the exact correction into a checkpoint (safetensors out)");
   cmd->add_option("checkpoint", a->checkpoint,
-                  "a .safetensors file, a sharded *.index.json, a directory, or an .npz")
+                  "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
       ->required();
   cmd->add_option("--method", a->method,
                   "lambda (W + lambda I_k, Theorem 3.8) or exact "

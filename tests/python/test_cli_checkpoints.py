@@ -645,6 +645,46 @@ class TestJacobian(Base):
         self.assertEqual(a["checkpoints"][0]["tokens"], 6)
 
 
+PYTORCH_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pytorch")
+
+
+class TestPytorch(Base):
+    """Checkpoints torch.save wrote (tests/data/pytorch/make_pytorch.py: zip and legacy format,
+    F32 and F16) give exactly the numbers of the same values saved by numpy as .npz, which the
+    tests above check against numpy's SVD; `correct` on them keeps every other tensor's bytes."""
+
+    MODELS = (("mha_zip", "torch-mha", 2), ("bert_legacy", "hf-bert", 2),
+              ("llama_f16", "llama", 4))
+
+    def test_analyze_matches_npz(self):
+        for name, layout, heads in self.MODELS:
+            with self.subTest(model=name):
+                args = ["--heads", heads, "--per-head"] + (["--kv-heads", 2] if layout == "llama" else [])
+                b = analyze_json(os.path.join(PYTORCH_DATA, name + ".bin"), *args)["checkpoints"][0]
+                z = analyze_json(os.path.join(PYTORCH_DATA, name + ".npz"), *args)["checkpoints"][0]
+                self.assertEqual(b["source"], "pytorch")
+                self.assertEqual(b["layout"], layout)
+                self.assertEqual(len(b["layers"]), 2)
+                self.assertEqual(b["layers"], z["layers"])
+                ref = np.load(os.path.join(PYTORCH_DATA, name + ".npz"))
+                if layout == "hf-bert":  # one number against numpy directly
+                    W = ref["encoder.layer.1.attention.self.key.weight"].astype(np.float64).T
+                    self.close(b["layers"][1]["W_K"]["kappa"], sv(W)[0] / sv(W)[-1], name)
+
+    def test_correct_keeps_other_tensors(self):
+        src = os.path.join(PYTORCH_DATA, "bert_legacy.bin")
+        out = self.path("ptc", "out.safetensors")
+        r = run("correct", src, "--heads", 2, "--method", "lambda", "--out", out, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        _, tb = read_safetensors_raw(out)
+        ref = np.load(os.path.join(PYTORCH_DATA, "bert_legacy.npz"))
+        self.assertEqual(sorted(tb), sorted(ref.files))
+        for k in ref.files:
+            self.assertEqual(tb[k][0], "F32")
+            if k.endswith("bias"):
+                self.assertEqual(tb[k][2], ref[k].astype("<f4").tobytes(), k)
+
+
 class TestBadFiles(Base):
     def test_corpus(self):
         cases = make_bad_files.make_corpus(self.path("bad", "x")[:-2])

@@ -4,6 +4,13 @@
 //                one of them (io::Checkpoint). Shards are mapped on first use only.
 //   npz          a NumPy .npz archive (numpy.savez or savez_compressed); array name = tensor name.
 //   npy-dir      a directory of .npy files; file name without ".npy" = tensor name.
+//   pytorch      a torch.save checkpoint (.bin, .pt, .pth; zip or legacy format), read by a
+//                restricted unpickler that never runs code (io/pytorch.hpp).
+//
+// A file's format is found from its first bytes, never from its name alone (sniff_format); a
+// file in another format gets "unsupported format: this looks like <what>; supported: ...". A
+// directory is searched for safetensors, then pytorch_model.bin (or exactly one .bin/.pt/.pth),
+// then exactly one .npz, then .npy files.
 //
 // A reader lists every tensor's name, and the shape and dtype of those that layout detection may
 // look at (attention_candidate()); it hands out one tensor at a time as a double matrix, checked
@@ -15,6 +22,7 @@
 #include <spectral_cond/io/layouts.hpp>
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/io/npz.hpp>
+#include <spectral_cond/io/pytorch.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 
 #include <dirent.h>
@@ -22,6 +30,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,7 +40,7 @@
 namespace spectral_cond {
 namespace io {
 
-enum class CheckpointFormat { Safetensors, Npz, NpyDir };
+enum class CheckpointFormat { Safetensors, Npz, NpyDir, Pytorch };
 
 inline const char* to_string(CheckpointFormat k) {
   switch (k) {
@@ -40,6 +50,8 @@ inline const char* to_string(CheckpointFormat k) {
       return "npz";
     case CheckpointFormat::NpyDir:
       return "npy-dir";
+    case CheckpointFormat::Pytorch:
+      return "pytorch";
   }
   return "unknown";
 }
@@ -76,6 +88,63 @@ inline detail::NpyHeader npy_header(const std::uint8_t* data, std::size_t size,
   return h;
 }
 
+/// The formats open_checkpoint reads, for messages.
+constexpr const char* kSupportedFormats =
+    "safetensors (.safetensors, a sharded .index.json), PyTorch (.bin/.pt/.pth, zip or legacy), "
+    ".npz, a directory of .npy files";
+
+/// What a file's first bytes say it is, for the message on a format that is not read.
+inline std::string describe_bytes(const std::uint8_t* p, std::size_t n) {
+  auto at = [&](std::size_t off, const char* magic) {
+    const std::size_t k = std::strlen(magic);
+    return n >= off + k && std::memcmp(p + off, magic, k) == 0;
+  };
+  if (n == 0) return "an empty file";
+  if (at(0, "\x89HDF\r\n\x1a\n")) return "an HDF5 file (a Keras .h5?)";
+  if (at(0, "\x1f\x8b")) return "a gzip stream";
+  if (at(257, "ustar")) return "a tar archive (PyTorch's pre-1.6 tar format is not read)";
+  if (at(0, "\x93NUMPY")) return "a single .npy array (pass the directory that holds it)";
+  if (at(0, "GGUF")) return "a GGUF file";
+  if (at(0, "lmgg") || at(0, "fmgg") || at(0, "tjgg") || at(0, "algg"))
+    return "a ggml file of the format before GGUF";
+  if (at(4, "TFL3")) return "a TensorFlow Lite model";
+  if (at(0, "PAR1")) return "a Parquet file";
+  if (at(0, "PK\x03\x04")) return "a zip archive that is neither an npz nor a PyTorch checkpoint";
+  if (at(0, "{") || at(0, "[")) return "a JSON file";
+  static const char hex[] = "0123456789abcdef";
+  std::string h;
+  for (std::size_t i = 0; i < n && i < 8; ++i) {
+    h += hex[p[i] >> 4];
+    h += hex[p[i] & 15];
+  }
+  return "none of them (first bytes " + h + ")";
+}
+
+/// The format of the regular file at `path`, from its first bytes (and, for a zip, its member
+/// names). Throws IoError "unsupported format: this looks like ..." for anything else.
+inline CheckpointFormat sniff_format(const std::string& path) {
+  const MappedFile f(path);
+  const std::uint8_t* p = f.data();
+  const std::size_t n = f.size();
+  if (n >= 9 && p[8] == '{') return CheckpointFormat::Safetensors;
+  if (ends_with(path, ".json") && n >= 1 && p[0] == '{') return CheckpointFormat::Safetensors;
+  if (n >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5) return CheckpointFormat::Pytorch;
+  if (n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) {
+    if (ends_with(path, ".npz")) return CheckpointFormat::Npz;
+    const std::vector<NpzMember> ms = ZipReader(p, n, path, "zip", false).members();
+    bool all_npy = true;
+    for (const NpzMember& m : ms) {
+      const std::size_t slash = m.name.find('/');
+      if (slash != std::string::npos && m.name.compare(slash, std::string::npos, "/data.pkl") == 0)
+        return CheckpointFormat::Pytorch;
+      all_npy = all_npy && ends_with(m.name, ".npy");
+    }
+    if (all_npy) return CheckpointFormat::Npz;
+  }
+  throw IoError(path + ": unsupported format: this looks like " + describe_bytes(p, n) +
+                "; supported: " + kSupportedFormats);
+}
+
 }  // namespace detail
 
 /// A checkpoint in any of the accepted formats (see the top of this file). Open one with
@@ -85,15 +154,11 @@ class CheckpointReader {
   explicit CheckpointReader(const std::string& path) : path_(path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) throw IoError(path + ": cannot open: no such file");
-    if (S_ISDIR(st.st_mode) && has_npy_files(path)) {
-      open_npy_dir(path);
-    } else if (!S_ISDIR(st.st_mode) && detail::ends_with(path, ".npz")) {
-      open_npz(path);
-    } else {
-      kind_ = CheckpointFormat::Safetensors;
-      ckpt_ = std::make_unique<Checkpoint>(path);
-      for (const std::string& n : ckpt_->names()) names_.push_back(n);
+    if (S_ISDIR(st.st_mode)) {
+      open_directory(path);
+      return;
     }
+    open_file(path, detail::sniff_format(path));
   }
 
   CheckpointFormat format() const { return kind_; }
@@ -103,10 +168,13 @@ class CheckpointReader {
   std::string directory() const {
     if (kind_ == CheckpointFormat::NpyDir) return path_;
     if (kind_ == CheckpointFormat::Safetensors) return detail::dir_of(ckpt_->path());
+    if (kind_ == CheckpointFormat::Pytorch) return detail::dir_of(pt_->path());
     return detail::dir_of(path_);
   }
-  /// The safetensors checkpoint, or nullptr for npz / npy-dir sources.
+  /// The safetensors checkpoint, or nullptr for other sources.
   const Checkpoint* checkpoint() const { return ckpt_.get(); }
+  /// The PyTorch checkpoint, or nullptr for other sources.
+  const PytorchFile* pytorch() const { return pt_.get(); }
 
   /// Every tensor name, sorted.
   const std::vector<std::string>& names() const { return names_; }
@@ -129,18 +197,21 @@ class CheckpointReader {
 
   std::vector<std::int64_t> shape(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).shape;
+    if (pt_) return pt_->info(name).shape;
     return entry(name).shape;
   }
 
-  /// The dtype a corrected tensor is written back in.
+  /// The tensor's dtype (for npz / npy-dir sources, the one a corrected tensor is written in).
   Dtype dtype(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).dtype;
+    if (pt_) return pt_->info(name).dtype;
     return dtype_of_descr(entry(name).descr);
   }
 
   /// The file that holds `name` (for messages): the shard, the .npz or the .npy file.
   std::string file_of(const std::string& name) const {
     if (ckpt_) return ckpt_->shard_for(name).path();
+    if (pt_) return pt_->path();
     if (kind_ == CheckpointFormat::Npz) return path_;
     return entry(name).file;
   }
@@ -155,6 +226,12 @@ class CheckpointReader {
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
       m = ckpt_->matrix<double>(name);
+    } else if (pt_) {
+      const PytorchTensor& t = pt_->info(name);
+      if (t.shape.size() != 2)
+        throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
+                      detail::shape_string(t.shape) + ", expected a 2-D matrix");
+      m = pt_->matrix(name);
     } else {
       const NpyArray a = array(name);
       if (a.ndim() != 2)
@@ -171,8 +248,12 @@ class CheckpointReader {
     return m;
   }
 
-  /// An npz / npy-dir tensor of any rank (not for safetensors sources, which copy bytes).
+  /// An npz / npy-dir tensor of any rank (not for safetensors or PyTorch sources, whose bytes
+  /// are copied: Checkpoint::bytes, PytorchFile::bytes).
   NpyArray array(const std::string& name) const {
+    if (ckpt_ || pt_)
+      throw IoError(path_ + ": array() reads npz and npy sources only (tensor " +
+                    detail::quote(name) + ")");
     if (kind_ == CheckpointFormat::Npz) return npz_->array(name);
     const Entry& e = entry(name);
     const MappedFile f(e.file);
@@ -200,6 +281,68 @@ class CheckpointReader {
     auto it = entries_.find(name);
     if (it == entries_.end()) throw IoError(path_ + ": no tensor " + detail::quote(name));
     return it->second;
+  }
+
+  void open_file(const std::string& p, CheckpointFormat f) {
+    kind_ = f;
+    switch (f) {
+      case CheckpointFormat::Npz:
+        open_npz(p);
+        return;
+      case CheckpointFormat::Pytorch:
+        pt_ = std::make_unique<PytorchFile>(p);
+        names_ = pt_->names();
+        return;
+      case CheckpointFormat::Safetensors:
+        ckpt_ = std::make_unique<Checkpoint>(p);
+        names_ = ckpt_->names();
+        return;
+      case CheckpointFormat::NpyDir:
+        break;
+    }
+    open_npy_dir(p);
+  }
+
+  /// The files of a directory with one of the suffixes, sorted.
+  static std::vector<std::string> files_with(const std::string& dir,
+                                             std::initializer_list<const char*> suffixes) {
+    std::vector<std::string> out;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        for (const char* s : suffixes)
+          if (detail::ends_with(n, s) && n.size() > std::strlen(s)) {
+            out.push_back(n);
+            break;
+          }
+      }
+      ::closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  void open_directory(const std::string& dir) {
+    if (has_npy_files(dir)) return open_npy_dir(dir);
+    const std::vector<std::string> st = files_with(dir, {".safetensors", ".safetensors.index.json"});
+    if (!st.empty()) return open_file(dir, CheckpointFormat::Safetensors);
+    const std::string bin = detail::join_path(dir, "pytorch_model.bin");
+    if (detail::is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
+    if (detail::is_regular_file(bin + ".index.json"))
+      throw IoError(dir + ": a sharded PyTorch checkpoint (pytorch_model.bin.index.json) is not "
+                          "read; open one shard, or convert the model to safetensors");
+    for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".npz"})}) {
+      if (group.size() == 1) {
+        const std::string f = detail::join_path(dir, group[0]);
+        return open_file(f, detail::sniff_format(f));
+      }
+      if (group.size() > 1)
+        throw IoError(dir + ": the directory holds " + std::to_string(group.size()) +
+                      " candidate files (" + group[0] + ", " + group[1] +
+                      (group.size() > 2 ? ", ..." : "") + "): pass one of them");
+    }
+    throw IoError(dir + ": the directory holds no checkpoint; looked for " +
+                  detail::kSupportedFormats);
   }
 
   void open_npy_dir(const std::string& dir) {
@@ -240,12 +383,14 @@ class CheckpointReader {
   CheckpointFormat kind_ = CheckpointFormat::Safetensors;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<NpzFile> npz_;
+  std::unique_ptr<PytorchFile> pt_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> names_;
 };
 
-/// Opens the checkpoint at `path`: a directory of .npy files, an .npz archive, or a safetensors
-/// file, sharded index or directory holding one. Throws IoError naming the path.
+/// Opens the checkpoint at `path`: a safetensors file, sharded index or directory holding one, a
+/// PyTorch checkpoint, an .npz archive or a directory of .npy files (see the top of this file).
+/// Throws IoError naming the path.
 inline CheckpointReader open_checkpoint(const std::string& path) {
   return CheckpointReader(path);
 }

@@ -49,10 +49,13 @@ inline std::uint64_t zip_le(const std::uint8_t* p, std::size_t n) {
   return v;
 }
 
+/// The zip structure of an .npz archive or of a PyTorch checkpoint (pytorch.hpp). `label` names
+/// the format in messages; with npy_members, every member must be a .npy file.
 class ZipReader {
  public:
-  ZipReader(const std::uint8_t* data, std::size_t size, const std::string& name)
-      : p_(data), n_(size), name_(name) {}
+  ZipReader(const std::uint8_t* data, std::size_t size, const std::string& name,
+            const char* label = "npz", bool npy_members = true)
+      : p_(data), n_(size), name_(name), label_(label), npy_members_(npy_members) {}
 
   std::vector<NpzMember> members() {
     std::uint64_t cd_off = 0, cd_size = 0, count = 0, cd_end_limit = 0;
@@ -135,9 +138,11 @@ class ZipReader {
     return out;
   }
 
-  [[noreturn]] void fail(const std::string& msg) const { throw IoError(name_ + ": npz: " + msg); }
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw IoError(name_ + ": " + label_ + ": " + msg);
+  }
   [[noreturn]] void fail(const std::string& member, const std::string& msg) const {
-    throw IoError(name_ + ": npz: member " + quote(member) + ": " + msg);
+    throw IoError(name_ + ": " + label_ + ": member " + quote(member) + ": " + msg);
   }
 
  private:
@@ -187,7 +192,7 @@ class ZipReader {
            ") lies outside the file");
     if (count > cd_size / 46)
       fail("central directory too small for " + std::to_string(count) + " entries");
-    if (count == 0) fail("empty archive: not an npz");
+    if (count == 0) fail(npy_members_ ? "empty archive: not an npz" : "empty archive");
   }
 
   /// Replaces 0xFFFFFFFF sizes and offset by the ZIP64 extra field's 64-bit values.
@@ -220,7 +225,7 @@ class ZipReader {
   }
 
   void check_member(const NpzMember& m, std::uint64_t flags, std::set<std::string>& names) const {
-    if (m.name.size() < 5 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0)
+    if (npy_members_ && (m.name.size() < 5 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0))
       fail(m.name, "not a .npy member: not an npz archive");
     if (m.name.find('\0') != std::string::npos) fail(m.name, "name contains NUL");
     if (!names.insert(m.name).second) fail(m.name, "duplicate member");
@@ -327,6 +332,8 @@ class ZipReader {
   const std::uint8_t* p_;
   std::uint64_t n_;
   std::string name_;
+  std::string label_;
+  bool npy_members_ = true;
 };
 
 }  // namespace detail
