@@ -89,12 +89,18 @@ std::string floats(std::initializer_list<float> v) {
   return s;
 }
 
-io::detail::PickleRef unpickle(const std::string& bytes) {
-  io::detail::PickleReader r(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(),
-                             "test.pkl", true);
-  std::size_t pos = 0;
-  return r.load(pos);
-}
+/// One pickle read by the restricted unpickler; the value lives as long as this object.
+struct Unpickled {
+  std::string bytes;
+  io::detail::PickleReader reader;
+  io::detail::PickleRef value = nullptr;
+  explicit Unpickled(std::string b)
+      : bytes(std::move(b)),
+        reader(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(), "test.pkl", true) {
+    std::size_t pos = 0;
+    value = reader.load(pos);
+  }
+};
 
 }  // namespace
 
@@ -254,7 +260,7 @@ TEST_CASE("pytorch: no code is run: a global is an opaque value, never called") 
   CHECK_THROWS_AS(io::PytorchFile{p2}, io::IoError);
   CHECK_FALSE(fs::exists(marker));
   // An unknown torch rebuild function is refused by name, not passed over.
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02" "ctorch._utils\n_rebuild_qtensor\n)R."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" "ctorch._utils\n_rebuild_qtensor\n)R."),
                        doctest::Contains("_rebuild_qtensor (quantized, sparse or device"),
                        io::IoError);
 }
@@ -262,27 +268,27 @@ TEST_CASE("pytorch: no code is run: a global is an opaque value, never called") 
 TEST_CASE("pytorch: the unpickler's bounds") {
   using io::detail::kPickleMaxCells;
   using io::detail::kPickleMaxValues;
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02I12\n."), doctest::Contains("opcode 0x49"), io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02X\xff\xff\xff\xff" "abc."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02I12\n."), doctest::Contains("opcode 0x49"), io::IoError);
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02X\xff\xff\xff\xff" "abc."),
                        doctest::Contains("truncated (4294967295 bytes wanted, 4 left)"),
                        io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02h\x05."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02h\x05."),
                        doctest::Contains("memo entry 5 was never stored"), io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x09}."), doctest::Contains("pickle protocol 9"),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x09}."), doctest::Contains("pickle protocol 9"),
                        io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02}}."), doctest::Contains("2 values on its stack"),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02}}."), doctest::Contains("2 values on its stack"),
                        io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02" "0."), doctest::Contains("pops an empty stack"),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" "0."), doctest::Contains("pops an empty stack"),
                        io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02}"), doctest::Contains("truncated"), io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02" + std::string(kPickleMaxValues + 1, ']') + "."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02}"), doctest::Contains("truncated"), io::IoError);
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" + std::string(kPickleMaxValues + 1, ']') + "."),
                        doctest::Contains("values: too large"), io::IoError);
-  CHECK_THROWS_WITH_AS(unpickle("\x80\x02]" + std::string(kPickleMaxCells + 1, '2') + "."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02]" + std::string(kPickleMaxCells + 1, '2') + "."),
                        doctest::Contains("cells: too large"), io::IoError);
   // A list that holds itself: read, and walking it for tensors terminates.
-  const io::detail::PickleRef self = unpickle("\x80\x02]q\x00h\x00" "a."s);
-  REQUIRE(self->items.size() == 1);
-  CHECK(self->items[0] == self);
+  const Unpickled self("\x80\x02]q\x00h\x00" "a."s);
+  REQUIRE(self.value->items.size() == 1);
+  CHECK(self.value->items[0] == self.value);
   TempDir d;
   const std::string p = d.write("cycle.pt", legacy_file("]q\x01h\x01" "a", "]", ""));
   CHECK_THROWS_WITH_AS(io::PytorchFile{p}, doctest::Contains("holds no tensors"), io::IoError);

@@ -2,7 +2,7 @@
 """A hostile corpus for `spectral-cond`: files and command lines that must be refused cleanly.
 
 Every case is one kind of hostile input (a malformed or unusable .npy, .npz, safetensors file,
-sharded checkpoint, an unsupported .bin or .gguf file, a special file where a file is expected,
+sharded checkpoint, a PyTorch .bin / .pt, an unsupported .gguf file, a special file where a file is expected,
 or a command-line argument out of range). Each one must make the tool exit with code 2 and print
 exactly one line on stderr that contains the case's `expect` substring (the file, tensor or
 argument at fault), in well under a second and 100 MB. A few cases (`exit` 0) are inputs that
@@ -531,23 +531,110 @@ def sharded_cases(c):
           note="shard b is a FIFO")
 
 
-def unsupported_cases(c):
-    # A PyTorch pickle checkpoint: never unpickled (it could run code), refused by name.
+def pt_unicode(s):
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def pt_tensor(numel, shape, stride, offset=0, key="0"):
+    """Pickle bytes of torch._utils._rebuild_tensor_v2 over FloatStorage `key` (legacy pid)."""
+    def k(v):
+        return b"K" + bytes([v])
+    def tup(vs):
+        return b"(" + b"".join(k(v) for v in vs) + b"t"
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n((" + pt_unicode("storage") +
+            b"ctorch\nFloatStorage\n" + pt_unicode(key) + pt_unicode("cpu") + k(numel) +
+            b"NtQ" + k(offset) + tup(shape) + tup(stride) + b"\x89ccollections\nOrderedDict\n)RtR")
+
+
+def pt_legacy(obj, keys=(b"0",), storages=b""):
+    """A legacy torch.save file: magic, protocol 1001, system info, obj, key list, storages."""
+    magic = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19."
+    key_list = b"]" + b"".join(pt_unicode(k.decode()) + b"a" for k in keys)
+    return (magic + b"\x80\x02M\xe9\x03." + b"\x80\x02}." + b"\x80\x02" + obj + b"." +
+            b"\x80\x02" + key_list + b"." + storages)
+
+
+def pt_floats(vals):
+    return struct.pack("<Q", len(vals)) + struct.pack(f"<{len(vals)}f", *vals)
+
+
+def pt_zip(pickle, members):
+    """A zip-format torch.save file: archive/data.pkl plus the given members."""
+    import io as _io
+    buf = _io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle)
+        z.writestr("archive/byteorder", b"little")
+        for name, data in members.items():
+            z.writestr("archive/" + name, data)
+    return buf.getvalue()
+
+
+def pytorch_cases(c):
+    """PyTorch checkpoints: read by a restricted unpickler that never calls a global."""
+    # Malformed zips and pickles that are not torch.save's.
     p = c.write("bin/pytorch_model.bin", b"PK\x03\x04" + b"\0" * 26 + b"archive/data.pkl" +
                 b"\x80\x02cposix\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.")
-    c.add("bin_pickle", "bin", ["analyze", p, "--heads", "2"], "pytorch_model.bin",
-          note="a zip-pickle .bin")
+    c.add("bin_truncated_zip", "bin", ["analyze", p, "--heads", "2"], "pytorch_model.bin",
+          note="a zip-pickle .bin without a central directory")
     p = c.write("bin/model.pt", b"\x80\x02}q\x00.")
-    c.add("pt_pickle", "bin", ["analyze", p, "--heads", "2"], "model.pt", note="a raw pickle .pt")
+    c.add("pt_no_magic", "bin", ["analyze", p, "--heads", "2"], "model.pt",
+          note="a pickle that is not torch.save's (no magic number)")
     d = c.path("bin/bin_dir")
     os.makedirs(d, exist_ok=True)
     c.write("bin/bin_dir/pytorch_model.bin", b"\x80\x02}q\x00.")
     c.add("bin_dir", "bin", ["analyze", d, "--heads", "2"], "pytorch_model.bin",
-          note="a directory holding only pytorch_model.bin")
+          note="a directory holding a bad pytorch_model.bin")
     p = c.write("bin/correct.bin", b"\x80\x02}q\x00.")
     c.add("bin_correct", "bin", ["correct", p, "--method", "lambda", "--out",
                                  c.path("bin/out.safetensors")], "correct.bin",
-          note="correct on a .bin")
+          note="correct on a bad .bin")
+    w = b"}" + pt_unicode("w")
+    legacy_cases = [
+        ("pt_system", pt_legacy(b"cposix\nsystem\n" + pt_unicode("touch /tmp/sc-pwned") +
+                                b"\x85R", keys=()),
+         "a global (posix.system) applied to arguments: never called, no tensors"),
+        ("pt_extent", pt_legacy(w + pt_tensor(4, (3, 3), (3, 1)) + b"s", storages=pt_floats([1] * 4)),
+         "a 3 x 3 tensor over a 4-element storage"),
+        ("pt_offset", pt_legacy(w + pt_tensor(4, (2, 2), (2, 1), offset=200) + b"s",
+                                storages=pt_floats([1] * 4)), "a storage offset past the end"),
+        ("pt_count", pt_legacy(w + pt_tensor(4, (2, 2), (2, 1)) + b"s", storages=pt_floats([1] * 5)),
+         "storage count differs from its persistent id"),
+        ("pt_short", pt_legacy(w + pt_tensor(4, (2, 2), (2, 1)) + b"s",
+                               storages=pt_floats([1] * 4)[:12]), "storage bytes truncated"),
+        ("pt_trailing", pt_legacy(w + pt_tensor(4, (2, 2), (2, 1)) + b"s",
+                                  storages=pt_floats([1] * 4) + b"junk"), "bytes after the storages"),
+        ("pt_huge_string", pt_legacy(b"X\xff\xff\xff\xff" + b"abc"), "a 4 GiB string length"),
+        ("pt_opcode", pt_legacy(b"I12\n"), "a protocol-0 opcode torch.save never writes"),
+        ("pt_memo", pt_legacy(b"h\x07"), "a memo entry that was never stored"),
+        ("pt_qtensor", pt_legacy(b"ctorch._utils\n_rebuild_qtensor\n)R"), "a quantized tensor"),
+        ("pt_values_bomb", pt_legacy(b"]" * (2**19 + 1)), "more values than a state dict needs"),
+        ("pt_dup_bomb", pt_legacy(b"]" + b"2" * (2**22 + 1)), "a DUP bomb"),
+        ("pt_dup_name", pt_legacy(w + pt_tensor(4, (2, 2), (2, 1)) + b"s" + pt_unicode("w") +
+                                  pt_tensor(4, (2, 2), (2, 1)) + b"s", storages=pt_floats([1] * 4)),
+         "a dict key given twice"),
+        ("pt_nan", pt_legacy(b"}" + pt_unicode("blocks.0.attn.qkv.weight") +
+                             pt_tensor(48, (12, 4), (4, 1)) + b"s",
+                             storages=pt_floats([float("nan")] * 48)), "NaN weights"),
+    ]
+    for cid, data, note in legacy_cases:
+        p = c.write(f"bin/{cid}.pt", data)
+        c.add(cid, "bin", ["analyze", p, "--heads", "2"], f"{cid}.pt", note=note)
+    zpkl = b"\x80\x02}" + pt_unicode("w") + pt_tensor(4, (2, 2), (2, 1))
+    # The zip format's persistent id has five fields: drop the legacy view (the N before tQ).
+    zpkl = zpkl.replace(b"\x04NtQ", b"\x04tQ") + b"s."
+    zip_cases = [
+        ("bin_no_storage", pt_zip(zpkl, {}), "the storage member is missing"),
+        ("bin_storage_size", pt_zip(zpkl, {"data/0": b"\0" * 12}), "a storage member too short"),
+        ("bin_no_pkl", pt_zip(b"", {"data/0": b"\0" * 16}).replace(b"data.pkl", b"data.pkX"),
+         "a zip without data.pkl"),
+    ]
+    for cid, data, note in zip_cases:
+        p = c.write(f"bin/{cid}.bin", data)
+        c.add(cid, "bin", ["analyze", p, "--heads", "2"], f"{cid}.bin", note=note)
+
+def unsupported_cases(c):
     # GGUF: magic, version 3, counts.
     gg = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 4) + b"blk0" + \
         struct.pack("<I", 2) + struct.pack("<QQ", 8, 8) + struct.pack("<IQ", 0, 0)
@@ -646,6 +733,7 @@ def build(root):
     st_cases(c)
     config_cases(c)
     sharded_cases(c)
+    pytorch_cases(c)
     unsupported_cases(c)
     cli_cases(c, g)
     ids = [k["id"] for k in c.cases]

@@ -74,7 +74,9 @@ constexpr std::size_t kPickleMaxCells = std::size_t{1} << 22;
 constexpr int kPickleMaxDepth = 64;  ///< nesting of the dicts walked for tensors
 
 struct PickleValue;
-using PickleRef = std::shared_ptr<PickleValue>;
+/// Values live in their PickleReader's arena (pickles can hold cycles: a dict that holds itself)
+/// and are valid as long as the reader.
+using PickleRef = PickleValue*;
 
 /// A storage or a tensor, as the unpickler rebuilds them.
 struct PickleTensorParts {
@@ -202,7 +204,8 @@ class PickleReader {
     if (++values_ > kPickleMaxValues)
       fail("more than " + std::to_string(kPickleMaxValues) +
            " values: too large for a checkpoint's pickle");
-    auto v = std::make_shared<PickleValue>();
+    arena_.push_back(std::make_unique<PickleValue>());
+    PickleValue* v = arena_.back().get();
     v->kind = k;
     return v;
   }
@@ -530,6 +533,7 @@ class PickleReader {
   std::size_t values_ = 0, cells_ = 0;
   std::set<std::string> opaque_;
   std::map<std::string, PickleRef> storages_;
+  std::vector<std::unique_ptr<PickleValue>> arena_;
 };
 
 /// Where a storage's bytes are.
@@ -554,7 +558,7 @@ class TensorCollector {
     if (depth > kPickleMaxDepth)
       throw IoError(file_ + ": pytorch: containers nested deeper than " +
                     std::to_string(kPickleMaxDepth) + " at " + quote(name));
-    if (!on_path_.insert(v.get()).second) return;  // a cycle
+    if (!on_path_.insert(v).second) return;  // a cycle
     const std::string prefix = name.empty() ? "" : name + ".";
     if (v->kind == K::Dict) {
       for (std::size_t k = 0; k + 1 < v->items.size(); k += 2) {
@@ -569,7 +573,7 @@ class TensorCollector {
       for (std::size_t k = 0; k < v->items.size(); ++k)
         walk(v->items[k], prefix + std::to_string(k), depth + 1);
     }
-    on_path_.erase(v.get());
+    on_path_.erase(v);
   }
 
  private:
@@ -648,15 +652,19 @@ inline double load_element(Dtype d, const std::uint8_t* p) {
 /// storages only when a tensor is asked for.
 class PytorchFile {
  public:
-  explicit PytorchFile(const std::string& path) : map_(path) {
-    const std::uint8_t* p = map_.data();
-    const std::size_t n = map_.size();
-    if (n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) open_zip();
-    else if (n >= 2 && p[0] == 0x80) open_legacy();
-    else fail("not a PyTorch checkpoint (neither a zip archive nor a pickle)");
+  explicit PytorchFile(const std::string& path)
+      : map_(path), data_(map_.data()), size_(map_.size()), name_(path) {
+    open();
   }
+  /// A checkpoint held in memory, which must outlive this object; `name` labels messages.
+  PytorchFile(const std::uint8_t* data, std::size_t size, const std::string& name)
+      : data_(data), size_(size), name_(name) {
+    open();
+  }
+  PytorchFile(const PytorchFile&) = delete;
+  PytorchFile& operator=(const PytorchFile&) = delete;
 
-  const std::string& path() const { return map_.path(); }
+  const std::string& path() const { return name_; }
   /// "zip" or "legacy".
   const char* format() const { return zip_ ? "zip" : "legacy"; }
   /// Every tensor, by name.
@@ -724,6 +732,12 @@ class PytorchFile {
   }
 
  private:
+  void open() {
+    if (size_ >= 4 && std::memcmp(data_, "PK\x03\x04", 4) == 0) open_zip();
+    else if (size_ >= 2 && data_[0] == 0x80) open_legacy();
+    else fail("not a PyTorch checkpoint (neither a zip archive nor a pickle)");
+  }
+
   [[noreturn]] void fail(const std::string& msg) const {
     throw IoError(path() + ": pytorch: " + msg);
   }
@@ -735,11 +749,11 @@ class PytorchFile {
   const std::uint8_t* storage_bytes(const PytorchTensor& t, std::vector<std::uint8_t>& buf) const {
     const detail::PytorchStorage& s = storages_.at(t.storage);
     if (s.member != nullptr) {
-      const ByteView b = detail::ZipReader(map_.data(), map_.size(), path(), "pytorch", false)
+      const ByteView b = detail::ZipReader(data_, size_, path(), "pytorch", false)
                              .member_bytes(*s.member, buf);
       return b.data;
     }
-    return map_.data() + s.offset;
+    return data_ + s.offset;
   }
 
   void finish(detail::PickleReader& r, const detail::PickleRef& obj) {
@@ -757,7 +771,7 @@ class PytorchFile {
 
   void open_zip() {
     zip_ = true;
-    detail::ZipReader z(map_.data(), map_.size(), path(), "pytorch", false);
+    detail::ZipReader z(data_, size_, path(), "pytorch", false);
     members_ = z.members();
     std::string prefix;
     const NpzMember* pkl = nullptr;
@@ -804,8 +818,8 @@ class PytorchFile {
   }
 
   void open_legacy() {
-    const std::uint8_t* p = map_.data();
-    const std::size_t n = map_.size();
+    const std::uint8_t* p = data_;
+    const std::size_t n = size_;
     std::size_t pos = 0;
     detail::PickleReader r(p, n, path() + ": pytorch (legacy)", true);
     const detail::PickleRef magic = r.load(pos);
@@ -855,7 +869,10 @@ class PytorchFile {
     if (pos != n) fail(std::to_string(n - pos) + " bytes after the last storage");
   }
 
-  MappedFile map_;
+  MappedFile map_;  // empty for a checkpoint in memory
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::string name_;
   bool zip_ = false;
   std::vector<NpzMember> members_;
   std::vector<std::uint8_t> pickle_;
