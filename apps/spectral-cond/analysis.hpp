@@ -244,6 +244,24 @@ inline bool same_weights(const HeadWeights& a, const HeadWeights& b) {
 /// Progress callback: fraction of the whole analysis done, in [0, 1].
 using ProgressFn = std::function<void(double)>;
 
+/// The head counts of a checkpoint: config.json beside it (when there is one), with --heads and
+/// --kv-heads (0: not given) taking precedence. --heads alone keeps config.json's key/value head
+/// count, as --help says; `source` names where each number came from.
+inline io::HeadConfig head_config(const CheckpointReader& src, std::int64_t heads,
+                                  std::int64_t kv_heads) {
+  io::HeadConfig hc;
+  const std::string cfg = io::detail::join_path(src.directory(), "config.json");
+  if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
+  if (heads > 0) {
+    const bool kv_from_config = kv_heads == 0 && hc.kv_heads > 0;
+    hc.heads = heads;
+    hc.source = kv_from_config ? "--heads and the kv heads of " + hc.source : "--heads";
+    if (!kv_from_config) hc.kv_heads = 0;
+  }
+  if (kv_heads > 0) hc.kv_heads = kv_heads;
+  return hc;
+}
+
 /// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
 /// file and tensor for anything unusable.
 inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
@@ -260,16 +278,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
       io::detect_layers(src.layout_view(), io::parse_layout(o.layout), path);
   rep.layout = match.layout;
 
-  io::HeadConfig hc;
-  if (o.heads > 0) {
-    hc.heads = o.heads;
-    hc.kv_heads = o.kv_heads;
-    hc.source = "--heads";
-  } else {
-    const std::string cfg = io::detail::join_path(src.directory(), "config.json");
-    if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
-    if (o.kv_heads > 0) hc.kv_heads = o.kv_heads;
-  }
+  const io::HeadConfig hc = head_config(src, o.heads, o.kv_heads);
   rep.head_config = hc;
 
   const IndexSelection sel = IndexSelection::parse(o.layers, "--layers");

@@ -19,11 +19,11 @@ inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
                   "gpt2, llama")
       ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
   cmd->add_option("--heads", o.heads, "number of attention heads (default: config.json)")
-      ->check(CLI::PositiveNumber);
+      ->check(head_count());
   cmd->add_option("--kv-heads", o.kv_heads,
                   "key/value heads of grouped-query models (default: "
                   "config.json, else --heads)")
-      ->check(CLI::PositiveNumber);
+      ->check(head_count());
   cmd->add_option("--lambda", o.lambda, "lambda of W + lambda I_k (default 10)");
   cmd->add_flag("--per-head", o.per_head, "also report every head's D x d_k block");
   cmd->add_option("--layers", o.layers, "layers to analyse, e.g. 0,3,5-7 (default all)");

@@ -110,8 +110,15 @@ void register_analyze(CLI::App& app) {
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_option("--device", a->device, "cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->callback(
-      [a, cmd] { run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0); });
+  cmd->callback([a, cmd] {
+    // Options that act only on the Jacobian analysis are refused without it, not ignored.
+    if (!a->opts.jacobian)
+      for (const char* opt : {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask",
+                              "--scale", "--method", "--tol", "--blocks", "--device",
+                              "--no-jacobian-corrections"})
+        if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
+    run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0);
+  });
 }
 
 }  // namespace spectral_cond::cli

@@ -108,19 +108,13 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     if (f == a.out || same_file(f, a.out))
       throw BadInput(a.out + ": refusing to overwrite the input checkpoint (" + f + ")");
   io::check_output_target(a.out, inputs);  // and never a link, a device or a directory
+  if (!io::detail::ends_with(a.out, ".safetensors"))
+    throw BadInput("--out: correct writes a safetensors file, so its name must end in "
+                   ".safetensors (got " + io::detail::quote(a.out) + ")");
 
   const io::LayoutMatch match =
       io::detect_layers(src.layout_view(), io::parse_layout(a.layout), a.checkpoint);
-  io::HeadConfig hc;
-  if (a.heads > 0) {
-    hc.heads = a.heads;
-    hc.kv_heads = a.kv_heads;
-    hc.source = "--heads";
-  } else {
-    const std::string cfg = io::detail::join_path(src.directory(), "config.json");
-    if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
-    if (a.kv_heads > 0) hc.kv_heads = a.kv_heads;
-  }
+  const io::HeadConfig hc = head_config(src, a.heads, a.kv_heads);
   const IndexSelection sel = IndexSelection::parse(a.layers, "--layers");
   std::vector<std::int64_t> indices;
   for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
@@ -135,7 +129,15 @@ void run_correct(const CorrectArgs& a, bool target_set) {
   std::size_t n_done = 0;
   for (const io::AttentionLayerSpec* Lp : todo) {
     const io::AttentionLayerSpec& L = *Lp;
-    const io::LayerHeads H = io::resolve_heads(L, hc, a.checkpoint);
+    // A fused correction treats each projection as one matrix: it needs no head count.
+    io::LayerHeads H;
+    if (hc.heads < 1 && a.placement == "fused") {
+      H.heads = H.kv_heads = 1;
+      H.d_k = L.q.width;
+      H.d_v = L.v.width;
+    } else {
+      H = io::resolve_heads(L, hc, a.checkpoint);
+    }
     std::map<std::string, Mat<double>> tensors;
     for (const io::ProjectionSlot* s : {&L.q, &L.k, &L.v}) {
       if (tensors.count(s->tensor)) continue;
@@ -200,13 +202,29 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     out.push_back(std::move(t));
   }
   io::write_safetensors(a.out, out, metadata);
+  // The model's config.json beside the output, so that the new file loads as the old one did;
+  // one already there is never replaced.
+  std::string config_note;
+  const std::string src_cfg = io::detail::join_path(src.directory(), "config.json");
+  const std::string out_dir = io::detail::dir_of(a.out);
+  const std::string out_cfg = io::detail::join_path(out_dir.empty() ? "." : out_dir, "config.json");
+  if (io::detail::is_regular_file(src_cfg) && !same_file(src_cfg, out_cfg)) {
+    struct stat st {};
+    if (::lstat(out_cfg.c_str(), &st) != 0) {
+      const io::MappedFile cfg(src_cfg);
+      io::atomic_write_bytes(out_cfg, cfg.data(), cfg.size());
+      config_note = "; copied config.json beside it";
+    } else {
+      config_note = "; left the config.json already at " + out_cfg;
+    }
+  }
   bar.done();
   std::cout << "corrected " << modified.size() << " tensor(s) in " << todo.size()
             << " attention layer(s) of " << a.checkpoint << " (method " << a.method;
   if (a.method == "lambda") std::cout << ", lambda = " << a.lambda;
   if (target) std::cout << ", target = " << *target;
   std::cout << ", placement " << a.placement << "); wrote " << out.size() << " tensors to " << a.out
-            << '\n';
+            << config_note << '\n';
 }
 
 }  // namespace
@@ -234,14 +252,18 @@ void register_correct(CLI::App& app) {
   cmd->add_option("--layout", a->layout, "tensor layout (default auto)")
       ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
   cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")
-      ->check(CLI::PositiveNumber);
+      ->check(head_count());
   cmd->add_option("--kv-heads", a->kv_heads, "key/value heads (grouped-query models)")
-      ->check(CLI::PositiveNumber);
+      ->check(head_count());
   cmd->add_option("--layers", a->layers, "layers to correct, e.g. 0,3,5-7 (default all)");
   cmd->add_option("--out", a->out, "the new .safetensors file (written atomically)")->required();
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_flag("--verbose", a->verbose, "log every tensor read on stderr");
-  cmd->callback([a, cmd] { run_correct(*a, cmd->count("--target") > 0); });
+  cmd->callback([a, cmd] {
+    if (cmd->count("--lambda") > 0 && a->method != "lambda")
+      throw BadInput("--lambda applies to --method lambda only");
+    run_correct(*a, cmd->count("--target") > 0);
+  });
 }
 
 }  // namespace spectral_cond::cli

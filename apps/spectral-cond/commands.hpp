@@ -24,6 +24,20 @@ inline CLI::Validator unsigned_integer() {
       "UINT64");
 }
 
+/// A head count: an integer from 1 to 2^20 (the CLI11 PositiveNumber check names a 309-digit
+/// range when it fails).
+inline CLI::Validator head_count() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty() || s.size() > 7 || s.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a positive integer (got '" + s + "')";
+        const long v = std::stol(s);
+        if (v < 1 || v > (1L << 20)) return "must be between 1 and 1048576 (got " + s + ")";
+        return std::string();
+      },
+      "HEADS");
+}
+
 /// Most synthetic tokens (N) the Jacobian analysis accepts: J has N d_v rows and J J^T
 /// (N d_v)^2 entries, so far fewer are practical.
 inline constexpr long long kMaxTokens = 1 << 16;

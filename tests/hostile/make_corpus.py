@@ -657,6 +657,24 @@ def cli_cases(c, g):
         c.add(cid, "cli", argv, expect, note=note)
 
     case("cli_mask_upper", ["kappa", *att, "--mask", "CAUSAL"], "--mask", "CAUSAL is not causal")
+    case("cli_heads_text", ["correct", model, "--heads", "x", "--method", "lambda", "--out",
+                            c.path("cli/h.safetensors")], "--heads", "--heads x")
+    case("cli_tokens_without_jacobian", ["analyze", model, "--heads", "2", "--tokens", "8"],
+         "--tokens needs --jacobian", "--tokens would be ignored")
+    case("cli_inputs_without_jacobian", ["analyze", model, "--heads", "2", "--inputs",
+                                         c.path("cli/nosuch.npy")], "--inputs needs --jacobian",
+         "--inputs would be ignored")
+    case("cli_jacobian_heads_without_jacobian", ["analyze", model, "--heads", "2",
+                                                 "--jacobian-heads", "0"],
+         "--jacobian-heads needs --jacobian", "--jacobian-heads would be ignored")
+    case("cli_jacobian_heads_beyond", ["analyze", model, "--heads", "2", "--jacobian",
+                                       "--jacobian-heads", "2"], "--jacobian-heads",
+         "head 2 of 2 heads")
+    case("cli_correct_exact_lambda", ["correct", model, "--heads", "2", "--method", "exact",
+                                      "--lambda", "3", "--out", c.path("cli/e.safetensors")],
+         "--lambda applies to --method lambda", "--lambda with --method exact")
+    case("cli_correct_out_npz", ["correct", model, "--method", "lambda", "--out",
+                                 c.path("cli/corrected.npz")], "--out", "safetensors under .npz")
     case("cli_block_upper", ["jacobian", *att, "--block", "X", "--out", out], "--block",
          "X is not x")
     case("cli_format_upper", ["kappa", "--matrix", g["X"], "--format", "JSON"], "--format",

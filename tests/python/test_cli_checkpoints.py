@@ -645,6 +645,35 @@ class TestJacobian(Base):
         self.assertEqual(a["checkpoints"][0]["tokens"], 6)
 
 
+class TestConfig(Base):
+    def test_kv_heads_from_config_and_config_copied(self):
+        rng = np.random.default_rng(SEED + 40)
+        t, proj = make_model("llama", rng, heads=4, kv_heads=2)
+        d = self.path("cfg", "model", "x")[:-2]
+        save_file(t, os.path.join(d, "model.safetensors"))
+        cfg = json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}).encode()
+        with open(os.path.join(d, "config.json"), "wb") as f:
+            f.write(cfg)
+        # --heads alone keeps config.json's key/value head count (--help: the default).
+        rep = analyze_json(d, "--heads", 4, "--per-head")["checkpoints"][0]
+        self.check_report(rep, proj, 4, 2)
+        # correct copies config.json beside its output, and never replaces one already there.
+        out = self.path("cfg", "out", "model.safetensors")
+        r = run("correct", d, "--method", "lambda", "--out", out, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("copied config.json", r.stdout)
+        with open(os.path.join(os.path.dirname(out), "config.json"), "rb") as f:
+            self.assertEqual(f.read(), cfg)
+        other = self.path("cfg", "out2", "config.json")
+        with open(other, "wb") as f:
+            f.write(b"{}")
+        r = run("correct", d, "--method", "lambda", "--out", os.path.join(os.path.dirname(other),
+                                                                          "m.safetensors"), "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(other, "rb") as f:
+            self.assertEqual(f.read(), b"{}")
+
+
 PYTORCH_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pytorch")
 
 
