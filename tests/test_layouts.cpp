@@ -95,8 +95,22 @@ TEST_CASE("GPT-2, Hugging Face BERT/ViT, Llama with grouped-query K/V, torch MHA
 TEST_CASE("errors name the file and tensor") {
   CHECK_THROWS_WITH_AS(detect_layers(names({{"fc.weight", {3, 3}}}), Layout::Auto, "m.safetensors"),
                        "m.safetensors: no attention layers found (looked for the torch-mha, timm, "
-                       "hf-bert, gpt2 and llama layouts)",
+                       "hf-bert, gpt2, llama and gguf layouts)",
                        IoError);
+  // ALBERT's shared layer: named, with the tensors that look like attention.
+  CHECK_THROWS_WITH_AS(
+      detect_layers(
+          names({{"albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query.weight",
+                  {4, 4}},
+                 {"albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight",
+                  {4, 4}},
+                 {"fc.weight", {3, 3}}}),
+          Layout::Auto, "m"),
+      doctest::Contains("; tensors that look like attention: "
+                        "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query."
+                        "weight, "
+                        "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight"),
+      IoError);
   CHECK_THROWS_WITH_AS(
       detect_layers(names({{"blocks.0.attn.qkv.weight", {10, 4}}}), Layout::Auto, "f"),
       "f: tensor blocks.0.attn.qkv.weight has shape [10, 4], expected [3D, D]", IoError);

@@ -251,7 +251,15 @@ inline io::HeadConfig head_config(const CheckpointReader& src, std::int64_t head
                                   std::int64_t kv_heads) {
   io::HeadConfig hc;
   const std::string cfg = io::detail::join_path(src.directory(), "config.json");
-  if (io::detail::is_regular_file(cfg)) hc = io::read_head_config(cfg);
+  if (io::detail::is_regular_file(cfg)) {
+    hc = io::read_head_config(cfg);
+  } else if (const io::GgufFile* g = src.gguf()) {  // <arch>.attention.head_count, ...
+    const std::string arch = g->get_string("general.architecture").value_or("");
+    hc.heads = g->get_int(arch + ".attention.head_count").value_or(0);
+    hc.kv_heads = g->get_int(arch + ".attention.head_count_kv").value_or(0);
+    hc.hidden = g->get_int(arch + ".embedding_length").value_or(0);
+    if (hc.heads > 0) hc.source = g->path() + " (GGUF metadata)";
+  }
   if (heads > 0) {
     const bool kv_from_config = kv_heads == 0 && hc.kv_heads > 0;
     hc.heads = heads;

@@ -16,8 +16,8 @@ namespace spectral_cond::cli {
 inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
   cmd->add_option("--layout", o.layout,
                   "tensor layout: auto (default), torch-mha, timm, hf-bert, "
-                  "gpt2, llama")
-      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
+                  "gpt2, llama, gguf")
+      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama", "gguf"}));
   cmd->add_option("--heads", o.heads, "number of attention heads (default: config.json)")
       ->check(head_count());
   cmd->add_option("--kv-heads", o.kv_heads,

@@ -102,6 +102,9 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     target = a.target;
   }
   const CheckpointReader src = io::open_checkpoint(a.checkpoint);
+  if (src.gguf())
+    throw BadInput(a.checkpoint + ": correct does not rewrite GGUF files (their quantized "
+                                  "tensors have no safetensors dtype); analyze reads them");
   std::vector<std::string> inputs = input_files(src);
   inputs.push_back(io::detail::join_path(src.directory(), "config.json"));
   for (const std::string& f : inputs)
@@ -250,7 +253,7 @@ void register_correct(CLI::App& app) {
                   "projection; per-head: one per head block")
       ->check(CLI::IsMember({"fused", "per-head"}));
   cmd->add_option("--layout", a->layout, "tensor layout (default auto)")
-      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama"}));
+      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama", "gguf"}));
   cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")
       ->check(head_count());
   cmd->add_option("--kv-heads", a->kv_heads, "key/value heads (grouped-query models)")

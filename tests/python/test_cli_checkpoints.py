@@ -714,6 +714,42 @@ class TestPytorch(Base):
                 self.assertEqual(tb[k][2], ref[k].astype("<f4").tobytes(), k)
 
 
+GGUF_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "gguf")
+
+
+class TestGguf(Base):
+    """A llama GGUF file gguf-py wrote (tests/data/gguf/make_gguf.py): heads from its metadata,
+    every kappa (whole and per head) against numpy on the weights before the converter's row
+    permutation. The permutation stays inside each head, so kappa cannot see it; test_gguf.cpp
+    checks that the rows come back in Hugging Face order."""
+
+    def test_llama_against_numpy(self):
+        doc = analyze_json(os.path.join(GGUF_DATA, "llama.gguf"), "--per-head")
+        rep = doc["checkpoints"][0]
+        self.assertEqual(rep["source"], "gguf")
+        self.assertEqual(rep["layout"], "gguf")
+        wq = np.load(os.path.join(GGUF_DATA, "llama.attn_q.orig.npy")).T
+        wk = np.load(os.path.join(GGUF_DATA, "llama.attn_k.orig.npy")).T
+        L = rep["layers"][0]
+        self.close(L["W_Q"]["kappa"], sv(wq)[0] / sv(wq)[-1], "gguf W_Q")
+        self.close(L["W_K"]["kappa"], sv(wk)[0] / sv(wk)[-1], "gguf W_K")
+        self.assertEqual((L["heads"], L["kv_heads"], L["d_k"]), (4, 2, 4))
+        self.assertEqual(len(L["per_head"]), 4)
+        for j, h in enumerate(L["per_head"]):
+            s = sv(wq[:, 4 * j:4 * j + 4])
+            self.close(h["W_Q"]["kappa"], s[0] / s[-1], f"gguf head {j} W_Q")
+            if "W_K" in h:
+                g = j // 2
+                s = sv(wk[:, 4 * g:4 * g + 4])
+                self.close(h["W_K"]["kappa"], s[0] / s[-1], f"gguf head {j} W_K")
+
+    def test_correct_refuses_gguf(self):
+        r = run("correct", os.path.join(GGUF_DATA, "llama.gguf"), "--method", "lambda", "--out",
+                self.path("g", "out.safetensors"), "--quiet")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("does not rewrite GGUF", r.stderr)
+
+
 class TestBadFiles(Base):
     def test_corpus(self):
         cases = make_bad_files.make_corpus(self.path("bad", "x")[:-2])

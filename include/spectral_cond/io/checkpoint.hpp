@@ -6,11 +6,13 @@
 //   npy-dir      a directory of .npy files; file name without ".npy" = tensor name.
 //   pytorch      a torch.save checkpoint (.bin, .pt, .pth; zip or legacy format), read by a
 //                restricted unpickler that never runs code (io/pytorch.hpp).
+//   gguf         a llama.cpp GGUF file (io/gguf.hpp), quantized tensors dequantized; for
+//                architecture "llama" the converter's Q/K row permutation is undone.
 //
 // A file's format is found from its first bytes, never from its name alone (sniff_format); a
 // file in another format gets "unsupported format: this looks like <what>; supported: ...". A
 // directory is searched for safetensors, then pytorch_model.bin (or exactly one .bin/.pt/.pth),
-// then exactly one .npz, then .npy files.
+// then exactly one .gguf, then exactly one .npz, then .npy files.
 //
 // A reader lists every tensor's name, and the shape and dtype of those that layout detection may
 // look at (attention_candidate()); it hands out one tensor at a time as a double matrix, checked
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
+#include <spectral_cond/io/gguf.hpp>
 #include <spectral_cond/io/layouts.hpp>
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/io/npz.hpp>
@@ -34,13 +37,14 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace spectral_cond {
 namespace io {
 
-enum class CheckpointFormat { Safetensors, Npz, NpyDir, Pytorch };
+enum class CheckpointFormat { Safetensors, Npz, NpyDir, Pytorch, Gguf };
 
 inline const char* to_string(CheckpointFormat k) {
   switch (k) {
@@ -52,6 +56,8 @@ inline const char* to_string(CheckpointFormat k) {
       return "npy-dir";
     case CheckpointFormat::Pytorch:
       return "pytorch";
+    case CheckpointFormat::Gguf:
+      return "gguf";
   }
   return "unknown";
 }
@@ -61,7 +67,8 @@ inline const char* to_string(CheckpointFormat k) {
 inline bool attention_candidate(const std::string& name) {
   static const char* suffixes[] = {"qkv.weight",    "in_proj_weight", "c_attn.weight",
                                    "query.weight",  "key.weight",     "value.weight",
-                                   "q_proj.weight", "k_proj.weight",  "v_proj.weight"};
+                                   "q_proj.weight", "k_proj.weight",  "v_proj.weight",
+                                   "attn_q.weight", "attn_k.weight",  "attn_v.weight"};
   for (const char* s : suffixes)
     if (detail::ends_with(name, s)) return true;
   return false;
@@ -91,7 +98,7 @@ inline detail::NpyHeader npy_header(const std::uint8_t* data, std::size_t size,
 /// The formats open_checkpoint reads, for messages.
 constexpr const char* kSupportedFormats =
     "safetensors (.safetensors, a sharded .index.json), PyTorch (.bin/.pt/.pth, zip or legacy), "
-    ".npz, a directory of .npy files";
+    "GGUF (v2, v3), .npz, a directory of .npy files";
 
 /// What a file's first bytes say it is, for the message on a format that is not read.
 inline std::string describe_bytes(const std::uint8_t* p, std::size_t n) {
@@ -104,7 +111,6 @@ inline std::string describe_bytes(const std::uint8_t* p, std::size_t n) {
   if (at(0, "\x1f\x8b")) return "a gzip stream";
   if (at(257, "ustar")) return "a tar archive (PyTorch's pre-1.6 tar format is not read)";
   if (at(0, "\x93NUMPY")) return "a single .npy array (pass the directory that holds it)";
-  if (at(0, "GGUF")) return "a GGUF file";
   if (at(0, "lmgg") || at(0, "fmgg") || at(0, "tjgg") || at(0, "algg"))
     return "a ggml file of the format before GGUF";
   if (at(4, "TFL3")) return "a TensorFlow Lite model";
@@ -129,6 +135,7 @@ inline CheckpointFormat sniff_format(const std::string& path) {
   if (n >= 9 && p[8] == '{') return CheckpointFormat::Safetensors;
   if (ends_with(path, ".json") && n >= 1 && p[0] == '{') return CheckpointFormat::Safetensors;
   if (n >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5) return CheckpointFormat::Pytorch;
+  if (n >= 4 && std::memcmp(p, "GGUF", 4) == 0) return CheckpointFormat::Gguf;
   if (n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) {
     if (ends_with(path, ".npz")) return CheckpointFormat::Npz;
     const std::vector<NpzMember> ms = ZipReader(p, n, path, "zip", false).members();
@@ -169,12 +176,15 @@ class CheckpointReader {
     if (kind_ == CheckpointFormat::NpyDir) return path_;
     if (kind_ == CheckpointFormat::Safetensors) return detail::dir_of(ckpt_->path());
     if (kind_ == CheckpointFormat::Pytorch) return detail::dir_of(pt_->path());
+    if (kind_ == CheckpointFormat::Gguf) return detail::dir_of(gguf_->path());
     return detail::dir_of(path_);
   }
   /// The safetensors checkpoint, or nullptr for other sources.
   const Checkpoint* checkpoint() const { return ckpt_.get(); }
   /// The PyTorch checkpoint, or nullptr for other sources.
   const PytorchFile* pytorch() const { return pt_.get(); }
+  /// The GGUF file, or nullptr for other sources.
+  const GgufFile* gguf() const { return gguf_.get(); }
 
   /// Every tensor name, sorted.
   const std::vector<std::string>& names() const { return names_; }
@@ -198,6 +208,7 @@ class CheckpointReader {
   std::vector<std::int64_t> shape(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).shape;
     if (pt_) return pt_->info(name).shape;
+    if (gguf_) return gguf_->info(name).shape;
     return entry(name).shape;
   }
 
@@ -205,6 +216,13 @@ class CheckpointReader {
   Dtype dtype(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).dtype;
     if (pt_) return pt_->info(name).dtype;
+    if (gguf_) {  // a quantized tensor is read as its dequantized values: F32 is their dtype
+      const GgmlType t = gguf_->info(name).type;
+      return t == GgmlType::F64 ? Dtype::F64
+             : t == GgmlType::F16 ? Dtype::F16
+             : t == GgmlType::BF16 ? Dtype::BF16
+                                   : Dtype::F32;
+    }
     return dtype_of_descr(entry(name).descr);
   }
 
@@ -212,6 +230,7 @@ class CheckpointReader {
   std::string file_of(const std::string& name) const {
     if (ckpt_) return ckpt_->shard_for(name).path();
     if (pt_) return pt_->path();
+    if (gguf_) return gguf_->path();
     if (kind_ == CheckpointFormat::Npz) return path_;
     return entry(name).file;
   }
@@ -232,6 +251,8 @@ class CheckpointReader {
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
       m = pt_->matrix(name);
+    } else if (gguf_) {
+      m = gguf_matrix(name);
     } else {
       const NpyArray a = array(name);
       if (a.ndim() != 2)
@@ -251,7 +272,7 @@ class CheckpointReader {
   /// An npz / npy-dir tensor of any rank (not for safetensors or PyTorch sources, whose bytes
   /// are copied: Checkpoint::bytes, PytorchFile::bytes).
   NpyArray array(const std::string& name) const {
-    if (ckpt_ || pt_)
+    if (ckpt_ || pt_ || gguf_)
       throw IoError(path_ + ": array() reads npz and npy sources only (tensor " +
                     detail::quote(name) + ")");
     if (kind_ == CheckpointFormat::Npz) return npz_->array(name);
@@ -283,6 +304,28 @@ class CheckpointReader {
     return it->second;
   }
 
+  /// A GGUF matrix; for architecture "llama", attn_q / attn_k rows back in Hugging Face order
+  /// (the converter permutes them for llama.cpp's RoPE: io::undo_llama_rope_permutation).
+  Mat<double> gguf_matrix(const std::string& name) const {
+    Mat<double> m = gguf_->matrix(name);
+    if (gguf_->get_string("general.architecture").value_or("") != "llama") return m;
+    const bool q = detail::ends_with(name, "attn_q.weight"), k = detail::ends_with(name, "attn_k.weight");
+    if (!q && !k) return m;
+    const std::optional<std::int64_t> heads = gguf_->get_int("llama.attention.head_count");
+    std::optional<std::int64_t> kv = gguf_->get_int("llama.attention.head_count_kv");
+    if (!kv) kv = heads;
+    const std::optional<std::int64_t> n = q ? heads : kv;
+    if (!n || *n < 1)
+      throw IoError(gguf_->path() + ": gguf: tensor " + detail::quote(name) +
+                    ": llama.attention.head_count is missing, so its rows cannot be put back in "
+                    "Hugging Face order");
+    if (m.rows() % (2 * *n) != 0)
+      throw IoError(gguf_->path() + ": gguf: tensor " + detail::quote(name) + " has " +
+                    std::to_string(m.rows()) + " rows, not a multiple of 2 x " +
+                    std::to_string(*n) + " heads");
+    return undo_llama_rope_permutation(m, static_cast<Index>(*n));
+  }
+
   void open_file(const std::string& p, CheckpointFormat f) {
     kind_ = f;
     switch (f) {
@@ -296,6 +339,11 @@ class CheckpointReader {
       case CheckpointFormat::Safetensors:
         ckpt_ = std::make_unique<Checkpoint>(p);
         names_ = ckpt_->names();
+        return;
+      case CheckpointFormat::Gguf:
+        gguf_ = std::make_unique<GgufFile>(p);
+        names_ = gguf_->names();
+        std::sort(names_.begin(), names_.end());
         return;
       case CheckpointFormat::NpyDir:
         break;
@@ -331,7 +379,8 @@ class CheckpointReader {
     if (detail::is_regular_file(bin + ".index.json"))
       throw IoError(dir + ": a sharded PyTorch checkpoint (pytorch_model.bin.index.json) is not "
                           "read; open one shard, or convert the model to safetensors");
-    for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".npz"})}) {
+    for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".gguf"}),
+                              files_with(dir, {".npz"})}) {
       if (group.size() == 1) {
         const std::string f = detail::join_path(dir, group[0]);
         return open_file(f, detail::sniff_format(f));
@@ -384,6 +433,7 @@ class CheckpointReader {
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<NpzFile> npz_;
   std::unique_ptr<PytorchFile> pt_;
+  std::unique_ptr<GgufFile> gguf_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> names_;
 };

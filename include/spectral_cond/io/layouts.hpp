@@ -9,6 +9,7 @@
 // | hf-bert    | …layer.i.attention.{self,attention}.{query,key,value}.weight | Linear, D x D each |
 // | gpt2       | h.i.attn.c_attn.weight                          | Conv1D D x 3D, columns Q, K, V |
 // | llama      | …layers.i.self_attn.{q,k,v}_proj.weight         | Linear; K, V may have fewer heads |
+// | gguf       | blk.i.attn_{q,k,v}.weight (llama.cpp's names)   | Linear; K, V may have fewer heads |
 //
 // A Linear weight is out x in, so W = weight^T; GPT-2's Conv1D is already in x out.
 // clang-format on
@@ -33,7 +34,7 @@
 namespace spectral_cond {
 namespace io {
 
-enum class Layout { Auto, TorchMHA, Timm, HfBert, Gpt2, Llama };
+enum class Layout { Auto, TorchMHA, Timm, HfBert, Gpt2, Llama, Gguf };
 
 inline const char* to_string(Layout l) {
   switch (l) {
@@ -49,17 +50,19 @@ inline const char* to_string(Layout l) {
       return "gpt2";
     case Layout::Llama:
       return "llama";
+    case Layout::Gguf:
+      return "gguf";
   }
   return "unknown";
 }
 
 /// Parses a --layout value; throws IoError listing the accepted names.
 inline Layout parse_layout(const std::string& s) {
-  for (Layout l :
-       {Layout::Auto, Layout::TorchMHA, Layout::Timm, Layout::HfBert, Layout::Gpt2, Layout::Llama})
+  for (Layout l : {Layout::Auto, Layout::TorchMHA, Layout::Timm, Layout::HfBert, Layout::Gpt2,
+                   Layout::Llama, Layout::Gguf})
     if (s == to_string(l)) return l;
   throw IoError("--layout: unknown layout '" + s +
-                "' (expected auto, torch-mha, timm, hf-bert, gpt2 or llama)");
+                "' (expected auto, torch-mha, timm, hf-bert, gpt2, llama or gguf)");
 }
 
 /// A tensor's name and shape, all that layout detection looks at.
@@ -241,6 +244,7 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
   static const std::regex llama(R"(^(.*\blayers\.(\d+)\.self_attn\.)(q|k|v)(_proj\.weight)$)");
   static const std::string bert_names[3] = {"query", "key", "value"};
   static const std::string llama_names[3] = {"q", "k", "v"};
+  static const std::regex gguf(R"(^(blk\.(\d+)\.attn_)(q|k|v)(\.weight)$)");
 
   auto run = [&](Layout l) -> std::vector<AttentionLayerSpec> {
     switch (l) {
@@ -254,6 +258,8 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
         return detail::match_separate(tensors, bert, bert_names, ".weight", file);
       case Layout::Llama:
         return detail::match_separate(tensors, llama, llama_names, "_proj.weight", file);
+      case Layout::Gguf:
+        return detail::match_separate(tensors, gguf, llama_names, ".weight", file);
       case Layout::Auto:
         break;
     }
@@ -265,7 +271,8 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
     result.layers = run(requested);
   } else {
     std::vector<std::string> found;
-    for (Layout l : {Layout::Timm, Layout::Gpt2, Layout::HfBert, Layout::Llama, Layout::TorchMHA}) {
+    for (Layout l : {Layout::Timm, Layout::Gpt2, Layout::HfBert, Layout::Llama, Layout::Gguf,
+                     Layout::TorchMHA}) {
       auto layers = run(l);
       if (layers.empty()) continue;
       found.push_back(to_string(l));
@@ -278,11 +285,29 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
       throw IoError(file + ": tensor names match several layouts (" + found[0] + ", " + found[1] +
                     "); choose one with --layout");
   }
-  if (result.layers.empty())
-    throw IoError(file + ": no attention layers found" +
-                  (requested == Layout::Auto ? std::string(" (looked for the torch-mha, timm, "
-                                                           "hf-bert, gpt2 and llama layouts)")
-                                             : std::string(" in layout ") + to_string(requested)));
+  if (result.layers.empty()) {
+    // Name the tensors that look like attention, so that the user sees what was not matched.
+    std::vector<std::string> looks;
+    std::size_t n_looks = 0;
+    for (const NamedShape& t : tensors)
+      for (const char* w : {"attn", "attention", "query", "key", "value", "q_proj", "qkv"})
+        if (t.name.find(w) != std::string::npos) {
+          if (looks.size() < 3) looks.push_back(t.name);
+          ++n_looks;
+          break;
+        }
+    std::string msg = file + ": no attention layers found" +
+                      (requested == Layout::Auto
+                           ? std::string(" (looked for the torch-mha, timm, hf-bert, gpt2, llama "
+                                         "and gguf layouts)")
+                           : std::string(" in layout ") + to_string(requested));
+    if (!looks.empty()) {
+      msg += "; tensors that look like attention: ";
+      for (std::size_t i = 0; i < looks.size(); ++i) msg += (i ? ", " : "") + looks[i];
+      if (n_looks > looks.size()) msg += " and " + std::to_string(n_looks - looks.size()) + " more";
+    }
+    throw IoError(msg);
+  }
   std::stable_sort(
       result.layers.begin(), result.layers.end(),
       [](const AttentionLayerSpec& a, const AttentionLayerSpec& b) { return a.index < b.index; });
