@@ -377,7 +377,11 @@ class TestAnalyzeLayouts(Base):
         t, _ = make_model("timm", rng, layers=1, heads=2)
         p = self.path("dev", "model.safetensors")
         save_file(t, p)
+        # --device acts on the Jacobian analysis only: without --jacobian it is refused.
         r = run("analyze", p, "--heads", 2, "--device", "cuda", "--quiet")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--device needs --jacobian", r.stderr)
+        r = run("analyze", p, "--heads", 2, "--jacobian", "--device", "cuda", "--quiet")
         if r.returncode != 0:
             self.assertEqual(r.returncode, 2)
             self.assertIn("built without CUDA", r.stderr)
