@@ -42,6 +42,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionDiagnostics",
+    "Checkpoint",
+    "CheckpointError",
     "AttentionGradients",
     "ConditionResult",
     "ExactCorrection",
@@ -61,9 +63,28 @@ __all__ = [
     "kappa_plus",
     "lambda_correction",
     "lambda_identity",
+    "open_checkpoint",
     "singular_values",
     "theorem34",
 ]
+
+Checkpoint = _core.Checkpoint
+"""A checkpoint opened by open_checkpoint: names(), shape(name), dtype(name), file_of(name),
+matrix(name) (float64, checked finite), layers(layout='auto') (the attention layers, as dicts of
+their W_Q/W_K/W_V slots), projection(tensor, transposed, offset, width) (W, D x width)."""
+
+CheckpointError = _core.CheckpointError
+"""A checkpoint that cannot be read (an OSError); the message names the file and the tensor."""
+
+
+def open_checkpoint(path) -> Checkpoint:
+    """Opens a checkpoint in any format the library reads (docs/checkpoints.md): safetensors
+    (single, sharded index, or a directory), PyTorch .bin/.pt (a restricted unpickler that never
+    runs code), GGUF, .npz, or a directory of .npy files. Only the headers are read here; each
+    matrix(name) call decodes one tensor."""
+    import os
+    return _core.open_checkpoint(os.fspath(path))
+
 
 Mask = Union[None, str, Any]
 """None or 'none', 'causal', or an N x N additive mask (finite values and -inf)."""

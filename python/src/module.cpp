@@ -359,4 +359,5 @@ NB_MODULE(_core, m) {
   m.def("input_is_borrowed", &input_is_borrowed, nb::arg("a"),
         "True when the binding reads the array in place (Fortran order), False when it copies");
   bind_attention(m);
+  bind_checkpoint(m);
 }
