@@ -257,6 +257,31 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
   return o.str();
 }
 
+/// With --blocks: κ and κ₊ of J_Q, J_K and J_V of every head (MATH.md §5), as in JSON's "blocks".
+inline std::string jacobian_blocks_table(const CheckpointReport& rep) {
+  std::ostringstream o;
+  auto k = [](double x) { return detail_fmt::g(x, 4); };
+  bool any = false;
+  for (const LayerStats& L : rep.layers)
+    for (const JacobianStats& j : L.jacobian) any = any || j.report.have_blocks;
+  if (!any) return std::string();
+  o << "\nkappa of the Jacobian's blocks (--blocks; J = [J_Q | J_K | J_V], MATH.md §5):\n";
+  o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::right
+    << std::setw(12) << "kappa(J_Q)" << std::setw(12) << "kappa+(J_Q)" << std::setw(12)
+    << "kappa(J_K)" << std::setw(12) << "kappa+(J_K)" << std::setw(12) << "kappa(J_V)"
+    << std::setw(12) << "kappa+(J_V)" << '\n';
+  for (const LayerStats& L : rep.layers)
+    for (const JacobianStats& j : L.jacobian) {
+      const Theorem34Report& t = j.report;
+      if (!t.have_blocks) continue;
+      o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right;
+      for (const ConditionResult<double>* c : {&t.JQ, &t.JK, &t.JV})
+        o << std::setw(12) << k(c->kappa) << std::setw(12) << k(c->kappa_plus);
+      o << '\n';
+    }
+  return o.str();
+}
+
 /// The table part of κ(J) before and after the corrections, the bound without hypothesis and
 /// the attention pattern of every head (MATH.md §5, §11).
 inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
@@ -386,7 +411,7 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
             << g(j.seconds, 3) << " s)\n";
         }
     }
-    if (any_j) o << jacobian_corrections_table(rep);
+    if (any_j) o << jacobian_blocks_table(rep) << jacobian_corrections_table(rep);
     o << '\n';
   }
   return o.str();

@@ -704,6 +704,25 @@ class TestPytorch(Base):
                     W = ref["encoder.layer.1.attention.self.key.weight"].astype(np.float64).T
                     self.close(b["layers"][1]["W_K"]["kappa"], sv(W)[0] / sv(W)[-1], name)
 
+    def test_blocks_in_the_table(self):
+        """--blocks shows kappa(J_Q), kappa(J_K), kappa(J_V) in the table, as in JSON."""
+        p = os.path.join(PYTORCH_DATA, "mha_zip.bin")
+        args = ["analyze", p, "--heads", 2, "--jacobian", "--tokens", 8, "--blocks", "--layers", 0,
+                "--quiet"]
+        r = run(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        at = [i for i, l in enumerate(lines) if l.startswith("kappa of the Jacobian's blocks")]
+        self.assertEqual(len(at), 1, r.stdout)
+        rows = [l.split() for l in lines[at[0] + 2:at[0] + 4]]
+        doc = json.loads(run(*args, "--format", "json").stdout)
+        for row, j in zip(rows, doc["checkpoints"][0]["layers"][0]["jacobian"]):
+            self.assertEqual(int(row[1]), j["head"])
+            for col, blk in ((3, "J_Q"), (5, "J_K"), (7, "J_V")):
+                self.close(float(row[col]), num(j["blocks"][blk]["kappa_plus"]), blk, 1e-3)
+        r = run("analyze", p, "--heads", 2, "--jacobian", "--tokens", 8, "--layers", 0, "--quiet")
+        self.assertNotIn("blocks", r.stdout)
+
     def test_correct_keeps_other_tensors(self):
         src = os.path.join(PYTORCH_DATA, "bert_legacy.bin")
         out = self.path("ptc", "out.safetensors")
