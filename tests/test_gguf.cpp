@@ -624,7 +624,8 @@ TEST_CASE("every prefix and single-byte corruption of a file is an IoError or a 
   }
 }
 
-TEST_CASE("open_checkpoint: a llama GGUF file, its layers found and Q/K back in Hugging Face order") {
+TEST_CASE(
+    "open_checkpoint: a llama GGUF file, its layers found and Q/K back in Hugging Face order") {
   const io::CheckpointReader r = io::open_checkpoint(data_path("llama.gguf"));
   CHECK(r.format() == io::CheckpointFormat::Gguf);
   REQUIRE(r.gguf() != nullptr);
@@ -635,8 +636,10 @@ TEST_CASE("open_checkpoint: a llama GGUF file, its layers found and Q/K back in 
   CHECK(m.layers[0].q.width == 16);
   CHECK(m.layers[0].k.width == 8);  // two key/value heads of width 4
   // The converter's row permutation is undone: the matrices are the weights before it.
-  CHECK(r.matrix("blk.0.attn_q.weight") == io::read_npy(data_path("llama.attn_q.orig.npy")).to_matrix());
-  CHECK(r.matrix("blk.0.attn_k.weight") == io::read_npy(data_path("llama.attn_k.orig.npy")).to_matrix());
+  CHECK(r.matrix("blk.0.attn_q.weight") ==
+        io::read_npy(data_path("llama.attn_q.orig.npy")).to_matrix());
+  CHECK(r.matrix("blk.0.attn_k.weight") ==
+        io::read_npy(data_path("llama.attn_k.orig.npy")).to_matrix());
   CHECK(r.matrix("blk.0.attn_v.weight") == r.gguf()->matrix("blk.0.attn_v.weight"));
   CHECK(r.dtype("blk.0.attn_q.weight") == io::Dtype::F32);
   // Found in a directory, too.

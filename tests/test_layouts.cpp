@@ -106,10 +106,11 @@ TEST_CASE("errors name the file and tensor") {
                   {4, 4}},
                  {"fc.weight", {3, 3}}}),
           Layout::Auto, "m"),
-      doctest::Contains("; tensors that look like attention: "
-                        "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query."
-                        "weight, "
-                        "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight"),
+      doctest::Contains(
+          "; tensors that look like attention: "
+          "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query."
+          "weight, "
+          "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight"),
       IoError);
   CHECK_THROWS_WITH_AS(
       detect_layers(names({{"blocks.0.attn.qkv.weight", {10, 4}}}), Layout::Auto, "f"),

@@ -62,9 +62,15 @@ void check_against_reference(const io::PytorchFile& f, const std::string& prefix
 }
 
 // Pickle pieces (protocol 2).
-std::string u32(std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
-std::string u64(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
-std::string ustr(const std::string& s) { return "X" + u32(static_cast<std::uint32_t>(s.size())) + s; }
+std::string u32(std::uint32_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 4);
+}
+std::string u64(std::uint64_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 8);
+}
+std::string ustr(const std::string& s) {
+  return "X" + u32(static_cast<std::uint32_t>(s.size())) + s;
+}
 
 /// _rebuild_tensor_v2 of a FloatStorage key "0" of `numel` elements (legacy persistent id).
 std::string tensor_pickle(int numel, int rows, int cols, int s0, int s1, int offset = 0) {
@@ -77,7 +83,8 @@ std::string tensor_pickle(int numel, int rows, int cols, int s0, int s1, int off
 
 /// A legacy-format file: magic, protocol 1001, system info, `object`, the key list `keys`, and
 /// the storage bytes `rest`.
-std::string legacy_file(const std::string& object, const std::string& keys, const std::string& rest) {
+std::string legacy_file(const std::string& object, const std::string& keys,
+                        const std::string& rest) {
   const std::string magic = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.";
   return magic + "\x80\x02M\xe9\x03." + "\x80\x02}." + "\x80\x02" + object + "." + "\x80\x02" +
          keys + "." + rest;
@@ -96,7 +103,8 @@ struct Unpickled {
   io::detail::PickleRef value = nullptr;
   explicit Unpickled(std::string b)
       : bytes(std::move(b)),
-        reader(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(), "test.pkl", true) {
+        reader(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(), "test.pkl",
+               true) {
     std::size_t pos = 0;
     value = reader.load(pos);
   }
@@ -206,17 +214,17 @@ TEST_CASE("pytorch: a crafted legacy file reads, and its checks fire") {
   TempDir d;
   const std::string keys = "]" + ustr("0") + "a";
   // The positive control: a 2 x 2 view of a 4-element storage.
-  const std::string ok = d.write(
-      "ok.pt", legacy_file("}" + ustr("w") + tensor_pickle(4, 2, 2, 2, 1) + "s", keys,
-                           floats({1, 2, 3, 4})));
+  const std::string ok =
+      d.write("ok.pt", legacy_file("}" + ustr("w") + tensor_pickle(4, 2, 2, 2, 1) + "s", keys,
+                                   floats({1, 2, 3, 4})));
   const io::PytorchFile f(ok);
   Mat<double> want(2, 2);
   want << 1, 2, 3, 4;
   CHECK(f.matrix("w") == want);
   // Transposed strides over the same bytes.
-  const io::PytorchFile t(d.write(
-      "t.pt", legacy_file("}" + ustr("w") + tensor_pickle(4, 2, 2, 1, 2) + "s", keys,
-                          floats({1, 2, 3, 4}))));
+  const io::PytorchFile t(
+      d.write("t.pt", legacy_file("}" + ustr("w") + tensor_pickle(4, 2, 2, 1, 2) + "s", keys,
+                                  floats({1, 2, 3, 4}))));
   CHECK(t.matrix("w") == want.transpose());
 
   auto fails = [&](const std::string& bytes, const char* msg) {
@@ -224,9 +232,9 @@ TEST_CASE("pytorch: a crafted legacy file reads, and its checks fire") {
     CHECK_THROWS_WITH_AS(io::PytorchFile{p}, doctest::Contains(msg), io::IoError);
     CHECK_THROWS_WITH_AS(io::open_checkpoint(p), doctest::Contains(p.c_str()), io::IoError);
   };
-  fails(legacy_file("}" + ustr("w") + tensor_pickle(4, 3, 3, 3, 1) + "s", keys,
-                    floats({1, 2, 3, 4})),
-        "tensor 'w': reaches element 8 of storage '0', which holds 4");
+  fails(
+      legacy_file("}" + ustr("w") + tensor_pickle(4, 3, 3, 3, 1) + "s", keys, floats({1, 2, 3, 4})),
+      "tensor 'w': reaches element 8 of storage '0', which holds 4");
   fails(legacy_file("}" + ustr("w") + tensor_pickle(4, 2, 2, 2, 1, 1) + "s", keys,
                     floats({1, 2, 3, 4})),
         "reaches element 4");
@@ -254,13 +262,14 @@ TEST_CASE("pytorch: no code is run: a global is an opaque value, never called") 
   const std::string cmd = "touch " + marker.string();
   const std::string evil = "cposix\nsystem\n" + ustr(cmd) + "\x85R";
   const std::string p = d.write("evil.pt", legacy_file(evil, "]", ""));
-  CHECK_THROWS_WITH_AS(io::PytorchFile{p}, doctest::Contains("holds no tensors (it pickles posix.system"),
-                       io::IoError);
+  CHECK_THROWS_WITH_AS(io::PytorchFile{p},
+                       doctest::Contains("holds no tensors (it pickles posix.system"), io::IoError);
   const std::string p2 = d.write("evil2.pt", legacy_file("]" + evil + "a", "]", ""));
   CHECK_THROWS_AS(io::PytorchFile{p2}, io::IoError);
   CHECK_FALSE(fs::exists(marker));
   // An unknown torch rebuild function is refused by name, not passed over.
-  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" "ctorch._utils\n_rebuild_qtensor\n)R."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02"
+                                 "ctorch._utils\n_rebuild_qtensor\n)R."),
                        doctest::Contains("_rebuild_qtensor (quantized, sparse or device"),
                        io::IoError);
 }
@@ -269,7 +278,8 @@ TEST_CASE("pytorch: the unpickler's bounds") {
   using io::detail::kPickleMaxCells;
   using io::detail::kPickleMaxValues;
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02I12\n."), doctest::Contains("opcode 0x49"), io::IoError);
-  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02X\xff\xff\xff\xff" "abc."),
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02X\xff\xff\xff\xff"
+                                 "abc."),
                        doctest::Contains("truncated (4294967295 bytes wanted, 4 left)"),
                        io::IoError);
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02h\x05."),
@@ -278,18 +288,23 @@ TEST_CASE("pytorch: the unpickler's bounds") {
                        io::IoError);
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02}}."), doctest::Contains("2 values on its stack"),
                        io::IoError);
-  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" "0."), doctest::Contains("pops an empty stack"),
-                       io::IoError);
+  CHECK_THROWS_WITH_AS(Unpickled("\x80\x02"
+                                 "0."),
+                       doctest::Contains("pops an empty stack"), io::IoError);
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02}"), doctest::Contains("truncated"), io::IoError);
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02" + std::string(kPickleMaxValues + 1, ']') + "."),
                        doctest::Contains("values: too large"), io::IoError);
   CHECK_THROWS_WITH_AS(Unpickled("\x80\x02]" + std::string(kPickleMaxCells + 1, '2') + "."),
                        doctest::Contains("cells: too large"), io::IoError);
   // A list that holds itself: read, and walking it for tensors terminates.
-  const Unpickled self("\x80\x02]q\x00h\x00" "a."s);
+  const Unpickled self(
+      "\x80\x02]q\x00h\x00"
+      "a."s);
   REQUIRE(self.value->items.size() == 1);
   CHECK(self.value->items[0] == self.value);
   TempDir d;
-  const std::string p = d.write("cycle.pt", legacy_file("]q\x01h\x01" "a", "]", ""));
+  const std::string p = d.write("cycle.pt", legacy_file("]q\x01h\x01"
+                                                        "a",
+                                                        "]", ""));
   CHECK_THROWS_WITH_AS(io::PytorchFile{p}, doctest::Contains("holds no tensors"), io::IoError);
 }

@@ -442,7 +442,8 @@ namespace {
 // The whole sweep at one seed with the extended-precision re-checks: no proven statement fails,
 // every real violation has an exact ratio below 1, and the final counts add up. ctest runs each
 // seed as its own entry (test_verify_seed_*, tests/CMakeLists.txt) so that they run in parallel.
-// instances_per_regime = 8 still covers both shapes of every class (instance k takes shape k mod 2).
+// instances_per_regime = 8 still covers both shapes of every class (instance k takes shape k mod
+// 2).
 VerifyReport check_seed(std::uint64_t seed, Index instances_per_regime) {
   VerifyOptions o;
   o.seed = seed;

@@ -266,10 +266,10 @@ inline std::string jacobian_blocks_table(const CheckpointReport& rep) {
     for (const JacobianStats& j : L.jacobian) any = any || j.report.have_blocks;
   if (!any) return std::string();
   o << "\nkappa of the Jacobian's blocks (--blocks; J = [J_Q | J_K | J_V], MATH.md §5):\n";
-  o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::right
-    << std::setw(12) << "kappa(J_Q)" << std::setw(12) << "kappa+(J_Q)" << std::setw(12)
-    << "kappa(J_K)" << std::setw(12) << "kappa+(J_K)" << std::setw(12) << "kappa(J_V)"
-    << std::setw(12) << "kappa+(J_V)" << '\n';
+  o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::right << std::setw(12)
+    << "kappa(J_Q)" << std::setw(12) << "kappa+(J_Q)" << std::setw(12) << "kappa(J_K)"
+    << std::setw(12) << "kappa+(J_K)" << std::setw(12) << "kappa(J_V)" << std::setw(12)
+    << "kappa+(J_V)" << '\n';
   for (const LayerStats& L : rep.layers)
     for (const JacobianStats& j : L.jacobian) {
       const Theorem34Report& t = j.report;

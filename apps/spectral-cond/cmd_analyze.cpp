@@ -89,8 +89,9 @@ void register_analyze(CLI::App& app) {
   auto a = std::make_shared<AnalyzeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "analyze", "kappa of W_Q, W_K, W_V in checkpoints, before and after the corrections");
-  cmd->add_option("checkpoint", a->checkpoints,
-                  "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
+  cmd->add_option(
+         "checkpoint", a->checkpoints,
+         "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
       ->required();
   add_analysis_options(cmd, a->opts);
   cmd->add_option("--target", a->target,
@@ -113,9 +114,9 @@ void register_analyze(CLI::App& app) {
   cmd->callback([a, cmd] {
     // Options that act only on the Jacobian analysis are refused without it, not ignored.
     if (!a->opts.jacobian)
-      for (const char* opt : {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask",
-                              "--scale", "--method", "--tol", "--blocks", "--device",
-                              "--no-jacobian-corrections"})
+      for (const char* opt :
+           {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask", "--scale", "--method",
+            "--tol", "--blocks", "--device", "--no-jacobian-corrections"})
         if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
     run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0);
   });

@@ -103,8 +103,9 @@ void run_correct(const CorrectArgs& a, bool target_set) {
   }
   const CheckpointReader src = io::open_checkpoint(a.checkpoint);
   if (src.gguf())
-    throw BadInput(a.checkpoint + ": correct does not rewrite GGUF files (their quantized "
-                                  "tensors have no safetensors dtype); analyze reads them");
+    throw BadInput(a.checkpoint +
+                   ": correct does not rewrite GGUF files (their quantized "
+                   "tensors have no safetensors dtype); analyze reads them");
   std::vector<std::string> inputs = input_files(src);
   inputs.push_back(io::detail::join_path(src.directory(), "config.json"));
   for (const std::string& f : inputs)
@@ -112,8 +113,10 @@ void run_correct(const CorrectArgs& a, bool target_set) {
       throw BadInput(a.out + ": refusing to overwrite the input checkpoint (" + f + ")");
   io::check_output_target(a.out, inputs);  // and never a link, a device or a directory
   if (!io::detail::ends_with(a.out, ".safetensors"))
-    throw BadInput("--out: correct writes a safetensors file, so its name must end in "
-                   ".safetensors (got " + io::detail::quote(a.out) + ")");
+    throw BadInput(
+        "--out: correct writes a safetensors file, so its name must end in "
+        ".safetensors (got " +
+        io::detail::quote(a.out) + ")");
 
   const io::LayoutMatch match =
       io::detect_layers(src.layout_view(), io::parse_layout(a.layout), a.checkpoint);
@@ -236,8 +239,9 @@ void register_correct(CLI::App& app) {
   auto a = std::make_shared<CorrectArgs>();
   CLI::App* cmd = app.add_subcommand(
       "correct", "Fold the lambda I_k or the exact correction into a checkpoint (safetensors out)");
-  cmd->add_option("checkpoint", a->checkpoint,
-                  "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
+  cmd->add_option(
+         "checkpoint", a->checkpoint,
+         "a .safetensors file, a sharded *.index.json, a PyTorch .bin/.pt, an .npz, or a directory")
       ->required();
   cmd->add_option("--method", a->method,
                   "lambda (W + lambda I_k, Theorem 3.8) or exact "

@@ -62,31 +62,35 @@ nb::object projection_py(const io::CheckpointReader& r, const std::string& tenso
 void bind_checkpoint(nb::module_& m) {
   static nb::exception<io::IoError> checkpoint_error(m, "CheckpointError", PyExc_OSError);
   nb::class_<io::CheckpointReader>(m, "Checkpoint")
-      .def_prop_ro("format",
-                   [](const io::CheckpointReader& r) { return std::string(io::to_string(r.format())); })
+      .def_prop_ro(
+          "format",
+          [](const io::CheckpointReader& r) { return std::string(io::to_string(r.format())); })
       .def_prop_ro("path", [](const io::CheckpointReader& r) { return r.path(); })
       .def_prop_ro("directory", &io::CheckpointReader::directory)
       .def("names", [](const io::CheckpointReader& r) { return r.names(); })
       .def("__contains__", &io::CheckpointReader::contains, nb::arg("name"))
       .def("__len__", [](const io::CheckpointReader& r) { return r.names().size(); })
-      .def("shape",
-           [](const io::CheckpointReader& r, const std::string& n) {
-             nb::list l;
-             for (std::int64_t d : r.shape(n)) l.append(d);
-             return nb::tuple(l);
-           },
-           nb::arg("name"))
-      .def("dtype",
-           [](const io::CheckpointReader& r, const std::string& n) {
-             return std::string(io::to_string(r.dtype(n)));
-           },
-           nb::arg("name"))
+      .def(
+          "shape",
+          [](const io::CheckpointReader& r, const std::string& n) {
+            nb::list l;
+            for (std::int64_t d : r.shape(n)) l.append(d);
+            return nb::tuple(l);
+          },
+          nb::arg("name"))
+      .def(
+          "dtype",
+          [](const io::CheckpointReader& r, const std::string& n) {
+            return std::string(io::to_string(r.dtype(n)));
+          },
+          nb::arg("name"))
       .def("file_of", &io::CheckpointReader::file_of, nb::arg("name"))
-      .def("matrix",
-           [](const io::CheckpointReader& r, const std::string& n) {
-             return to_numpy<double>(r.matrix(n));
-           },
-           nb::arg("name"))
+      .def(
+          "matrix",
+          [](const io::CheckpointReader& r, const std::string& n) {
+            return to_numpy<double>(r.matrix(n));
+          },
+          nb::arg("name"))
       .def("layers", &layers_py, nb::arg("layout") = "auto")
       .def("projection", &projection_py, nb::arg("tensor"), nb::arg("transposed"),
            nb::arg("offset"), nb::arg("width"));

@@ -218,8 +218,8 @@ class CheckpointReader {
     if (pt_) return pt_->info(name).dtype;
     if (gguf_) {  // a quantized tensor is read as its dequantized values: F32 is their dtype
       const GgmlType t = gguf_->info(name).type;
-      return t == GgmlType::F64 ? Dtype::F64
-             : t == GgmlType::F16 ? Dtype::F16
+      return t == GgmlType::F64    ? Dtype::F64
+             : t == GgmlType::F16  ? Dtype::F16
              : t == GgmlType::BF16 ? Dtype::BF16
                                    : Dtype::F32;
     }
@@ -309,7 +309,8 @@ class CheckpointReader {
   Mat<double> gguf_matrix(const std::string& name) const {
     Mat<double> m = gguf_->matrix(name);
     if (gguf_->get_string("general.architecture").value_or("") != "llama") return m;
-    const bool q = detail::ends_with(name, "attn_q.weight"), k = detail::ends_with(name, "attn_k.weight");
+    const bool q = detail::ends_with(name, "attn_q.weight"),
+               k = detail::ends_with(name, "attn_k.weight");
     if (!q && !k) return m;
     const std::optional<std::int64_t> heads = gguf_->get_int("llama.attention.head_count");
     std::optional<std::int64_t> kv = gguf_->get_int("llama.attention.head_count_kv");
@@ -372,13 +373,15 @@ class CheckpointReader {
 
   void open_directory(const std::string& dir) {
     if (has_npy_files(dir)) return open_npy_dir(dir);
-    const std::vector<std::string> st = files_with(dir, {".safetensors", ".safetensors.index.json"});
+    const std::vector<std::string> st =
+        files_with(dir, {".safetensors", ".safetensors.index.json"});
     if (!st.empty()) return open_file(dir, CheckpointFormat::Safetensors);
     const std::string bin = detail::join_path(dir, "pytorch_model.bin");
     if (detail::is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
     if (detail::is_regular_file(bin + ".index.json"))
-      throw IoError(dir + ": a sharded PyTorch checkpoint (pytorch_model.bin.index.json) is not "
-                          "read; open one shard, or convert the model to safetensors");
+      throw IoError(dir +
+                    ": a sharded PyTorch checkpoint (pytorch_model.bin.index.json) is not "
+                    "read; open one shard, or convert the model to safetensors");
     for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".gguf"}),
                               files_with(dir, {".npz"})}) {
       if (group.size() == 1) {

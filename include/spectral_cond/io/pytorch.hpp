@@ -1,4 +1,5 @@
-// spectral_cond::io: a reader for PyTorch checkpoints as torch.save writes them (docs/checkpoints.md):
+// spectral_cond::io: a reader for PyTorch checkpoints as torch.save writes them
+// (docs/checkpoints.md):
 //
 //   zip     the default since PyTorch 1.6: an uncompressed zip holding <prefix>/data.pkl (the
 //           pickled object), one member <prefix>/data/<key> per storage and <prefix>/byteorder.
@@ -42,12 +43,12 @@ namespace io {
 
 /// One tensor of a PyTorch checkpoint.
 struct PytorchTensor {
-  std::string name;                   ///< the key in the pickled dicts (nested keys joined by ".")
-  Dtype dtype = Dtype::F32;           ///< from the storage type (torch.FloatStorage: F32, ...)
-  std::vector<std::int64_t> shape;    ///< torch's size
-  std::vector<std::int64_t> stride;   ///< in elements
-  std::int64_t offset = 0;            ///< storage offset, in elements
-  std::string storage;                ///< the storage key
+  std::string name;                  ///< the key in the pickled dicts (nested keys joined by ".")
+  Dtype dtype = Dtype::F32;          ///< from the storage type (torch.FloatStorage: F32, ...)
+  std::vector<std::int64_t> shape;   ///< torch's size
+  std::vector<std::int64_t> stride;  ///< in elements
+  std::int64_t offset = 0;           ///< storage offset, in elements
+  std::string storage;               ///< the storage key
 
   std::int64_t numel() const {
     std::int64_t n = 1;
@@ -81,43 +82,73 @@ using PickleRef = PickleValue*;
 /// A storage or a tensor, as the unpickler rebuilds them.
 struct PickleTensorParts {
   Dtype dtype = Dtype::U8;
-  bool typed = false;        ///< a typed storage (FloatStorage, ...), not UntypedStorage
-  std::int64_t numel = 0;    ///< storage: elements
-  std::string key;           ///< storage: its key
-  PickleRef storage;         ///< tensor: its storage
+  bool typed = false;      ///< a typed storage (FloatStorage, ...), not UntypedStorage
+  std::int64_t numel = 0;  ///< storage: elements
+  std::string key;         ///< storage: its key
+  PickleRef storage;       ///< tensor: its storage
   std::vector<std::int64_t> shape, stride;
   std::int64_t offset = 0;
 };
 
 struct PickleValue {
-  enum class Kind { None, Bool, Int, BigInt, Float, Str, Bytes, Tuple, List, Dict, Global,
-                    Storage, Tensor, Opaque, Mark };
+  enum class Kind {
+    None,
+    Bool,
+    Int,
+    BigInt,
+    Float,
+    Str,
+    Bytes,
+    Tuple,
+    List,
+    Dict,
+    Global,
+    Storage,
+    Tensor,
+    Opaque,
+    Mark
+  };
   Kind kind = Kind::None;
-  std::int64_t i = 0;      ///< Int, Bool
-  double f = 0;            ///< Float
-  std::string s;           ///< Str, Bytes, BigInt (little-endian bytes), Global and Opaque names
-  std::vector<PickleRef> items;  ///< Tuple, List; Dict as key, value, key, value, ...
+  std::int64_t i = 0;  ///< Int, Bool
+  double f = 0;        ///< Float
+  std::string s;       ///< Str, Bytes, BigInt (little-endian bytes), Global and Opaque names
+  std::vector<PickleRef> items;              ///< Tuple, List; Dict as key, value, key, value, ...
   std::unique_ptr<PickleTensorParts> parts;  ///< Storage, Tensor
 };
 
 inline const char* kind_name(PickleValue::Kind k) {
   using K = PickleValue::Kind;
   switch (k) {
-    case K::None: return "None";
-    case K::Bool: return "bool";
-    case K::Int: return "int";
-    case K::BigInt: return "int";
-    case K::Float: return "float";
-    case K::Str: return "str";
-    case K::Bytes: return "bytes";
-    case K::Tuple: return "tuple";
-    case K::List: return "list";
-    case K::Dict: return "dict";
-    case K::Global: return "global";
-    case K::Storage: return "storage";
-    case K::Tensor: return "tensor";
-    case K::Opaque: return "object";
-    case K::Mark: return "mark";
+    case K::None:
+      return "None";
+    case K::Bool:
+      return "bool";
+    case K::Int:
+      return "int";
+    case K::BigInt:
+      return "int";
+    case K::Float:
+      return "float";
+    case K::Str:
+      return "str";
+    case K::Bytes:
+      return "bytes";
+    case K::Tuple:
+      return "tuple";
+    case K::List:
+      return "list";
+    case K::Dict:
+      return "dict";
+    case K::Global:
+      return "global";
+    case K::Storage:
+      return "storage";
+    case K::Tensor:
+      return "tensor";
+    case K::Opaque:
+      return "object";
+    case K::Mark:
+      return "mark";
   }
   return "value";
 }
@@ -179,8 +210,9 @@ class PickleReader {
   }
 
   void need(std::uint64_t k) const {
-    if (k > n_ - pos_) fail_at(pos_, "truncated (" + std::to_string(k) + " bytes wanted, " +
-                                         std::to_string(n_ - pos_) + " left)");
+    if (k > n_ - pos_)
+      fail_at(pos_, "truncated (" + std::to_string(k) + " bytes wanted, " +
+                        std::to_string(n_ - pos_) + " left)");
   }
   std::uint8_t byte() {
     need(1);
@@ -219,8 +251,7 @@ class PickleReader {
     stack_.push_back(std::move(v));
   }
   PickleRef pop(std::size_t at) {
-    if (stack_.size() <= (marks_.empty() ? 0 : marks_.back()))
-      fail_at(at, "pops an empty stack");
+    if (stack_.size() <= (marks_.empty() ? 0 : marks_.back())) fail_at(at, "pops an empty stack");
     PickleRef v = std::move(stack_.back());
     stack_.pop_back();
     return v;
@@ -269,7 +300,8 @@ class PickleReader {
 
   void add_items(const PickleRef& target, std::vector<PickleRef> items, std::size_t at) {
     if (target->kind == K::Opaque) return;  // an object's contents are not needed
-    if (target->kind != K::List) fail_at(at, std::string("appends to a ") + kind_name(target->kind));
+    if (target->kind != K::List)
+      fail_at(at, std::string("appends to a ") + kind_name(target->kind));
     for (PickleRef& v : items) {
       cell();
       target->items.push_back(std::move(v));
@@ -278,7 +310,8 @@ class PickleReader {
   void set_items(const PickleRef& target, std::vector<PickleRef> kv, std::size_t at) {
     if (kv.size() % 2 != 0) fail_at(at, "sets a key without a value");
     if (target->kind == K::Opaque) return;
-    if (target->kind != K::Dict) fail_at(at, std::string("sets items of a ") + kind_name(target->kind));
+    if (target->kind != K::Dict)
+      fail_at(at, std::string("sets items of a ") + kind_name(target->kind));
     for (PickleRef& v : kv) {
       cell();
       target->items.push_back(std::move(v));
@@ -292,23 +325,50 @@ class PickleReader {
         if (v < 2 || v > 5) fail_at(at, "pickle protocol " + std::to_string(v) + " (2 to 5 read)");
         return;
       }
-      case 0x95: le(8); return;  // FRAME: a hint only
-      case '(': marks_.push_back(stack_.size()); cell(); return;  // MARK
-      case '}': push(make(K::Dict)); return;
-      case ']': push(make(K::List)); return;
-      case ')': push(make(K::Tuple)); return;
-      case 0x8f: push(make(K::List)); return;  // EMPTY_SET: a set read as a list
-      case 'N': push(make(K::None)); return;
-      case 0x88: push(integer(1, K::Bool)); return;
-      case 0x89: push(integer(0, K::Bool)); return;
-      case 'K': push(integer(static_cast<std::int64_t>(le(1)))); return;  // BININT1
-      case 'M': push(integer(static_cast<std::int64_t>(le(2)))); return;  // BININT2
-      case 'J':                                                            // BININT
+      case 0x95:
+        le(8);
+        return;  // FRAME: a hint only
+      case '(':
+        marks_.push_back(stack_.size());
+        cell();
+        return;  // MARK
+      case '}':
+        push(make(K::Dict));
+        return;
+      case ']':
+        push(make(K::List));
+        return;
+      case ')':
+        push(make(K::Tuple));
+        return;
+      case 0x8f:
+        push(make(K::List));
+        return;  // EMPTY_SET: a set read as a list
+      case 'N':
+        push(make(K::None));
+        return;
+      case 0x88:
+        push(integer(1, K::Bool));
+        return;
+      case 0x89:
+        push(integer(0, K::Bool));
+        return;
+      case 'K':
+        push(integer(static_cast<std::int64_t>(le(1))));
+        return;  // BININT1
+      case 'M':
+        push(integer(static_cast<std::int64_t>(le(2))));
+        return;  // BININT2
+      case 'J':  // BININT
         push(integer(static_cast<std::int32_t>(static_cast<std::uint32_t>(le(4)))));
         return;
-      case 0x8a: long_int(le(1)); return;  // LONG1
-      case 0x8b: long_int(le(4)); return;  // LONG4
-      case 'G': {                          // BINFLOAT, big-endian
+      case 0x8a:
+        long_int(le(1));
+        return;  // LONG1
+      case 0x8b:
+        long_int(le(4));
+        return;    // LONG4
+      case 'G': {  // BINFLOAT, big-endian
         need(8);
         std::uint64_t u = 0;
         for (int b = 0; b < 8; ++b) u = (u << 8) | p_[pos_ + static_cast<std::size_t>(b)];
@@ -318,31 +378,69 @@ class PickleReader {
         push(std::move(v));
         return;
       }
-      case 0x8c: push(str(K::Str, take(le(1)))); return;  // SHORT_BINUNICODE
-      case 'X': push(str(K::Str, take(le(4)))); return;   // BINUNICODE
-      case 0x8d: push(str(K::Str, take(le(8)))); return;  // BINUNICODE8
-      case 'U': push(str(K::Str, take(le(1)))); return;   // SHORT_BINSTRING
-      case 'T': push(str(K::Str, take(le(4)))); return;   // BINSTRING
-      case 'C': push(str(K::Bytes, take(le(1)))); return; // SHORT_BINBYTES
-      case 'B': push(str(K::Bytes, take(le(4)))); return; // BINBYTES
-      case 0x8e: push(str(K::Bytes, take(le(8)))); return;  // BINBYTES8
-      case 'q': memo_put(le(1)); return;                    // BINPUT
-      case 'r': memo_put(le(4)); return;                    // LONG_BINPUT
-      case 0x94: memo_put(memo_.size()); return;            // MEMOIZE
-      case 'h': memo_get(le(1), at); return;                // BINGET
-      case 'j': memo_get(le(4), at); return;                // LONG_BINGET
-      case '0': pop(at); return;                            // POP
-      case '1': pop_mark(at); return;                       // POP_MARK
-      case '2': push(top(at)); return;                      // DUP
-      case 't': push(seq(K::Tuple, pop_mark(at))); return;  // TUPLE
-      case 0x85: case 0x86: case 0x87: {                    // TUPLE1..3
+      case 0x8c:
+        push(str(K::Str, take(le(1))));
+        return;  // SHORT_BINUNICODE
+      case 'X':
+        push(str(K::Str, take(le(4))));
+        return;  // BINUNICODE
+      case 0x8d:
+        push(str(K::Str, take(le(8))));
+        return;  // BINUNICODE8
+      case 'U':
+        push(str(K::Str, take(le(1))));
+        return;  // SHORT_BINSTRING
+      case 'T':
+        push(str(K::Str, take(le(4))));
+        return;  // BINSTRING
+      case 'C':
+        push(str(K::Bytes, take(le(1))));
+        return;  // SHORT_BINBYTES
+      case 'B':
+        push(str(K::Bytes, take(le(4))));
+        return;  // BINBYTES
+      case 0x8e:
+        push(str(K::Bytes, take(le(8))));
+        return;  // BINBYTES8
+      case 'q':
+        memo_put(le(1));
+        return;  // BINPUT
+      case 'r':
+        memo_put(le(4));
+        return;  // LONG_BINPUT
+      case 0x94:
+        memo_put(memo_.size());
+        return;  // MEMOIZE
+      case 'h':
+        memo_get(le(1), at);
+        return;  // BINGET
+      case 'j':
+        memo_get(le(4), at);
+        return;  // LONG_BINGET
+      case '0':
+        pop(at);
+        return;  // POP
+      case '1':
+        pop_mark(at);
+        return;  // POP_MARK
+      case '2':
+        push(top(at));
+        return;  // DUP
+      case 't':
+        push(seq(K::Tuple, pop_mark(at)));
+        return;  // TUPLE
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         std::vector<PickleRef> items(static_cast<std::size_t>(op - 0x84));
         for (std::size_t k = items.size(); k-- > 0;) items[k] = pop(at);
         push(seq(K::Tuple, std::move(items)));
         return;
       }
-      case 'l': push(seq(K::List, pop_mark(at))); return;  // LIST
-      case 'd': {                                          // DICT
+      case 'l':
+        push(seq(K::List, pop_mark(at)));
+        return;    // LIST
+      case 'd': {  // DICT
         PickleRef d = make(K::Dict);
         set_items(d, pop_mark(at), at);
         push(std::move(d));
@@ -354,7 +452,8 @@ class PickleReader {
         add_items(top(at), std::move(one), at);
         return;
       }
-      case 'e': case 0x90: {  // APPENDS, ADDITEMS
+      case 'e':
+      case 0x90: {  // APPENDS, ADDITEMS
         std::vector<PickleRef> items = pop_mark(at);
         add_items(top(at), std::move(items), at);
         return;
@@ -371,8 +470,10 @@ class PickleReader {
         set_items(top(at), std::move(kv), at);
         return;
       }
-      case 0x91: push(seq(K::List, pop_mark(at))); return;  // FROZENSET
-      case 'c': {                                           // GLOBAL module\nname\n
+      case 0x91:
+        push(seq(K::List, pop_mark(at)));
+        return;    // FROZENSET
+      case 'c': {  // GLOBAL module\nname\n
         std::string module = line(at), name = line(at);
         push(global(module + "." + name));
         return;
@@ -433,7 +534,8 @@ class PickleReader {
     if (len <= 8) {
       std::uint64_t u = 0;
       for (std::uint64_t b = len; b-- > 0;) u = (u << 8) | p_[pos_ + b];
-      if (len > 0 && len < 8 && (p_[pos_ + len - 1] & 0x80) != 0) u |= ~std::uint64_t{0} << (8 * len);
+      if (len > 0 && len < 8 && (p_[pos_ + len - 1] & 0x80) != 0)
+        u |= ~std::uint64_t{0} << (8 * len);
       pos_ += static_cast<std::size_t>(len);
       std::int64_t i = 0;
       std::memcpy(&i, &u, 8);
@@ -447,7 +549,8 @@ class PickleReader {
 
   static bool is_int(const PickleRef& v) { return v->kind == K::Int; }
   std::vector<std::int64_t> int_tuple(const PickleRef& v, const char* what, std::size_t at) const {
-    if (v->kind != K::Tuple && v->kind != K::List) fail_at(at, std::string("tensor ") + what + " is not a tuple");
+    if (v->kind != K::Tuple && v->kind != K::List)
+      fail_at(at, std::string("tensor ") + what + " is not a tuple");
     std::vector<std::int64_t> out;
     for (const PickleRef& e : v->items) {
       if (!is_int(e)) fail_at(at, std::string("tensor ") + what + " holds a non-integer");
@@ -479,7 +582,8 @@ class PickleReader {
     }
     if (g == "torch._utils._rebuild_tensor_v2" || g == "torch._utils._rebuild_tensor")
       return tensor(a, at);
-    if (g == "torch._utils._rebuild_parameter" || g == "torch._utils._rebuild_parameter_with_state") {
+    if (g == "torch._utils._rebuild_parameter" ||
+        g == "torch._utils._rebuild_parameter_with_state") {
       if (a.empty() || a[0]->kind != K::Tensor) fail_at(at, g + " of something not a tensor");
       return a[0];
     }
@@ -517,7 +621,8 @@ class PickleReader {
       storages_.emplace(s->parts->key, s);
     } else if (seen->second->parts->dtype != s->parts->dtype ||
                seen->second->parts->numel != s->parts->numel || seen->second->s != s->s) {
-      fail_at(at, "storage " + quote(s->parts->key) + " is declared twice with different types or sizes");
+      fail_at(at, "storage " + quote(s->parts->key) +
+                      " is declared twice with different types or sizes");
     }
     return s;
   }
@@ -540,7 +645,7 @@ class PickleReader {
 struct PytorchStorage {
   Dtype dtype = Dtype::U8;
   std::int64_t numel = 0;
-  std::uint64_t offset = 0;     ///< of its bytes in the file (zip: of the member's data)
+  std::uint64_t offset = 0;           ///< of its bytes in the file (zip: of the member's data)
   const NpzMember* member = nullptr;  ///< zip: the member (STORED or DEFLATE)
 };
 
@@ -564,9 +669,12 @@ class TensorCollector {
       for (std::size_t k = 0; k + 1 < v->items.size(); k += 2) {
         const PickleRef& key = v->items[k];
         std::string ks;
-        if (key->kind == K::Str) ks = key->s;
-        else if (key->kind == K::Int) ks = std::to_string(key->i);
-        else continue;
+        if (key->kind == K::Str)
+          ks = key->s;
+        else if (key->kind == K::Int)
+          ks = std::to_string(key->i);
+        else
+          continue;
         walk(v->items[k + 1], prefix + ks, depth + 1);
       }
     } else {
@@ -640,9 +748,12 @@ inline double load_element(Dtype d, const std::uint8_t* p) {
       std::memcpy(&v, &u, 4);
       return v;
     }
-    case Dtype::F16: return half_to_double(static_cast<std::uint16_t>(zip_le(p, 2)));
-    case Dtype::BF16: return bf16_to_double(static_cast<std::uint16_t>(zip_le(p, 2)));
-    default: return 0;
+    case Dtype::F16:
+      return half_to_double(static_cast<std::uint16_t>(zip_le(p, 2)));
+    case Dtype::BF16:
+      return bf16_to_double(static_cast<std::uint16_t>(zip_le(p, 2)));
+    default:
+      return 0;
   }
 }
 
@@ -733,9 +844,12 @@ class PytorchFile {
 
  private:
   void open() {
-    if (size_ >= 4 && std::memcmp(data_, "PK\x03\x04", 4) == 0) open_zip();
-    else if (size_ >= 2 && data_[0] == 0x80) open_legacy();
-    else fail("not a PyTorch checkpoint (neither a zip archive nor a pickle)");
+    if (size_ >= 4 && std::memcmp(data_, "PK\x03\x04", 4) == 0)
+      open_zip();
+    else if (size_ >= 2 && data_[0] == 0x80)
+      open_legacy();
+    else
+      fail("not a PyTorch checkpoint (neither a zip archive nor a pickle)");
   }
 
   [[noreturn]] void fail(const std::string& msg) const {
@@ -749,8 +863,8 @@ class PytorchFile {
   const std::uint8_t* storage_bytes(const PytorchTensor& t, std::vector<std::uint8_t>& buf) const {
     const detail::PytorchStorage& s = storages_.at(t.storage);
     if (s.member != nullptr) {
-      const ByteView b = detail::ZipReader(data_, size_, path(), "pytorch", false)
-                             .member_bytes(*s.member, buf);
+      const ByteView b =
+          detail::ZipReader(data_, size_, path(), "pytorch", false).member_bytes(*s.member, buf);
       return b.data;
     }
     return data_ + s.offset;
@@ -777,13 +891,15 @@ class PytorchFile {
     const NpzMember* pkl = nullptr;
     for (const NpzMember& m : members_) {
       const std::size_t slash = m.name.find('/');
-      if (slash != std::string::npos && m.name.compare(slash, std::string::npos, "/data.pkl") == 0) {
+      if (slash != std::string::npos &&
+          m.name.compare(slash, std::string::npos, "/data.pkl") == 0) {
         if (pkl != nullptr) fail("two data.pkl members");
         pkl = &m;
         prefix = m.name.substr(0, slash + 1);
       }
     }
-    if (pkl == nullptr) fail("zip archive without a <name>/data.pkl member: not a PyTorch checkpoint");
+    if (pkl == nullptr)
+      fail("zip archive without a <name>/data.pkl member: not a PyTorch checkpoint");
     std::map<std::string, const NpzMember*> by_name;
     for (const NpzMember& m : members_) by_name.emplace(m.name, &m);
     auto bo = by_name.find(prefix + "byteorder");
@@ -796,7 +912,8 @@ class PytorchFile {
     std::vector<std::uint8_t> pbuf;
     const ByteView pk = z.member_bytes(*pkl, pbuf);
     pickle_.assign(pk.data, pk.data + pk.size);
-    detail::PickleReader r(pickle_.data(), pickle_.size(), path() + ": pytorch: " + pkl->name, false);
+    detail::PickleReader r(pickle_.data(), pickle_.size(), path() + ": pytorch: " + pkl->name,
+                           false);
     std::size_t pos = 0;
     const detail::PickleRef obj = r.load(pos);
     finish(r, obj);
@@ -805,8 +922,9 @@ class PytorchFile {
       if (key.empty() || key.find('/') != std::string::npos || key.find('\0') != std::string::npos)
         fail("storage key " + detail::quote(key) + " is not a plain name");
       auto it = by_name.find(prefix + "data/" + key);
-      if (it == by_name.end()) fail("storage " + detail::quote(key) + " has no member " +
-                                    detail::quote(prefix + "data/" + key));
+      if (it == by_name.end())
+        fail("storage " + detail::quote(key) + " has no member " +
+             detail::quote(prefix + "data/" + key));
       const std::uint64_t want =
           static_cast<std::uint64_t>(kv.second.numel) * dtype_size(kv.second.dtype);
       if (it->second->uncompressed != want)
@@ -823,7 +941,8 @@ class PytorchFile {
     std::size_t pos = 0;
     detail::PickleReader r(p, n, path() + ": pytorch (legacy)", true);
     const detail::PickleRef magic = r.load(pos);
-    static const std::uint8_t kMagic[] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    static const std::uint8_t kMagic[] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
+                                          0x20, 0x6a, 0xa8, 0x50, 0x19};
     if (magic->kind != detail::PickleValue::Kind::BigInt ||
         magic->s != std::string(reinterpret_cast<const char*>(kMagic), sizeof kMagic))
       fail("a pickle, but not a torch.save checkpoint (no magic number): refused");
@@ -837,8 +956,7 @@ class PytorchFile {
     const detail::PickleRef obj = r.load(pos);
     finish(r, obj);
     const detail::PickleRef keys = r.load(pos);
-    if (keys->kind != detail::PickleValue::Kind::List)
-      fail("the storage key list is not a list");
+    if (keys->kind != detail::PickleValue::Kind::List) fail("the storage key list is not a list");
     std::set<std::string> seen;
     for (const detail::PickleRef& k : keys->items) {
       if (k->kind != detail::PickleValue::Kind::Str) fail("a storage key is not a string");
@@ -859,7 +977,8 @@ class PytorchFile {
         fail("storage " + detail::quote(k->s) + " holds " + std::to_string(count) +
              " elements, its persistent id declares " + std::to_string(sp.numel));
       const std::uint64_t bytes = count * dtype_size(sp.dtype);
-      if (bytes > n - pos) fail("storage " + detail::quote(k->s) + " runs past the end of the file");
+      if (bytes > n - pos)
+        fail("storage " + detail::quote(k->s) + " runs past the end of the file");
       auto st = storages_.find(k->s);
       if (st != storages_.end()) st->second.offset = pos;
       pos += static_cast<std::size_t>(bytes);
