@@ -188,75 +188,15 @@ inline std::uint64_t load_u64_le(const std::uint8_t* p) {
   return v;
 }
 
-/// A non-negative JSON integer that fits in uint64 (floats, negatives, others: false).
-inline bool json_u64(const nlohmann::json& j, std::uint64_t& out) {
-  if (j.is_number_unsigned()) {
-    out = j.get<std::uint64_t>();
-    return true;
-  }
-  if (j.is_number_integer() && j.get<std::int64_t>() >= 0) {
-    out = static_cast<std::uint64_t>(j.get<std::int64_t>());
-    return true;
-  }
-  return false;
-}
+}  // namespace detail
+}  // namespace io
+}  // namespace spectral_cond
 
-inline TensorInfo parse_tensor_entry(const std::string& file, const std::string& name,
-                                     const nlohmann::json& e, std::uint64_t data_size) {
-  if (!e.is_object()) st_fail(file, name, "entry is not an object");
-  for (auto it = e.begin(); it != e.end(); ++it) {
-    if (it.key() != "dtype" && it.key() != "shape" && it.key() != "data_offsets")
-      st_fail(file, name, "unexpected field " + quote(it.key()));
-  }
-  for (const char* f : {"dtype", "shape", "data_offsets"})
-    if (!e.contains(f)) st_fail(file, name, std::string("missing field '") + f + "'");
-  TensorInfo t;
-  t.name = name;
-  const auto& dt = e["dtype"];
-  if (!dt.is_string()) st_fail(file, name, "dtype is not a string");
-  if (!dtype_from_string(dt.get<std::string>(), t.dtype))
-    st_fail(file, name, "unknown dtype " + quote(dt.get<std::string>()));
-  const auto& sh = e["shape"];
-  if (!sh.is_array()) st_fail(file, name, "shape is not an array");
-  if (sh.size() > 64) st_fail(file, name, "shape has more than 64 dimensions");
-  // The extent (zero dimensions counted as one) must fit too: it bounds every loop over the
-  // dimensions, also of an empty tensor such as [2^62, 0].
-  std::uint64_t numel = 1, extent = 1;
-  bool overflow = false, zero = false;
-  const std::uint64_t es = dtype_size(t.dtype);
-  for (const auto& d : sh) {
-    std::uint64_t v = 0;
-    if (!json_u64(d, v) || v > static_cast<std::uint64_t>(INT64_MAX))
-      st_fail(file, name, "shape entries must be non-negative integers");
-    t.shape.push_back(static_cast<std::int64_t>(v));
-    if (v == 0) zero = true;
-    const std::uint64_t v1 = std::max<std::uint64_t>(v, 1);
-    if (extent > UINT64_MAX / es / v1) overflow = true;
-    if (!overflow) extent *= v1;
-  }
-  if (overflow) st_fail(file, name, "shape product overflows");
-  numel = zero ? 0 : extent;
-  const auto& off = e["data_offsets"];
-  if (!off.is_array() || off.size() != 2 || !json_u64(off[0], t.begin) || !json_u64(off[1], t.end))
-    st_fail(file, name, "data_offsets must be two non-negative integers");
-  if (t.end < t.begin) st_fail(file, name, "data_offsets end < begin");
-  if (t.end > data_size)
-    st_fail(file, name,
-            "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                ") beyond the data buffer of " + std::to_string(data_size) + " bytes");
-  if (numel * es != t.end - t.begin)
-    st_fail(file, name,
-            "byte length " + std::to_string(t.end - t.begin) + " != " + std::to_string(numel) +
-                " elements x " + std::to_string(es) + " bytes (" + to_string(t.dtype) + ")");
-  return t;
-}
+#include <spectral_cond/io/detail/safetensors_header.hpp>
 
-/// Parses the JSON strictly: a duplicate key in any object (the top level, a tensor entry,
-/// __metadata__) is an error, as is nesting deeper than kMaxJsonDepth (json.hpp).
-inline nlohmann::json parse_header_json(const std::string& file, const char* begin,
-                                        const char* end) {
-  return parse_json_strict(begin, end, file + ": safetensors: header");
-}
+namespace spectral_cond {
+namespace io {
+namespace detail {
 
 /// Checkpoint formats that are not safetensors, by name: PyTorch checkpoints and GGUF.
 inline const char* unsupported_format_of_name(const std::string& path) {
@@ -311,22 +251,38 @@ inline SafetensorsHeader parse_safetensors_header(const std::uint8_t* data, std:
   h.data_start = 8 + h.header_size;
   h.data_size = size - h.data_start;
   const char* js = reinterpret_cast<const char*>(data + 8);
-  const nlohmann::json j = detail::parse_header_json(name, js, js + h.header_size);
-  if (!j.is_object()) st_fail(name, "header JSON is not an object");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) st_fail(name, "__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string())
-          st_fail(name, "__metadata__ value of " + detail::quote(m.key()) + " is not a string");
-        h.metadata.emplace(m.key(), m->get<std::string>());
-      }
-      continue;
-    }
-    h.tensors.push_back(detail::parse_tensor_entry(name, it.key(), *it, h.data_size));
+  const std::string label = name + ": safetensors: header";
+  detail::SafetensorsSax sax;
+  bool ok = false;
+  try {
+    ok = nlohmann::json::sax_parse(js, js + h.header_size, &sax);
+  } catch (const nlohmann::json::exception& ex) {
+    throw IoError(label + ": not valid JSON: " + detail::json_error_text(ex));
   }
-  // nlohmann's objects iterate in key order, so h.tensors is sorted by name; check overlaps in
-  // offset order (empty tensors occupy no bytes).
+  if (sax.too_deep)
+    throw IoError(label + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!sax.duplicate.empty())
+    throw IoError(label + ": duplicate key " + detail::quote(sax.duplicate) + sax.where);
+  if (sax.not_object) st_fail(name, "header JSON is not an object");
+  if (!ok || !sax.error.empty())
+    throw IoError(label + ": not valid JSON: " +
+                  (sax.error.empty() ? std::string("parse failed") : sax.error));
+  if (sax.metadata_not_object) st_fail(name, "__metadata__ is not an object");
+  if (!sax.metadata_error.empty())
+    st_fail(name,
+            "__metadata__ value of " + detail::quote(sax.metadata_error) + " is not a string");
+  h.metadata = std::move(sax.metadata);
+  // Entries are checked in name order, so that of two bad entries the same one is named
+  // whatever order the file lists them in; equal neighbours are duplicate keys.
+  auto& es = sax.entries;
+  auto by_name = [](const detail::RawEntry& x, const detail::RawEntry& y) { return x.name < y.name; };
+  if (!std::is_sorted(es.begin(), es.end(), by_name)) std::sort(es.begin(), es.end(), by_name);
+  for (std::size_t i = 1; i < es.size(); ++i)
+    if (es[i].name == es[i - 1].name)
+      throw IoError(label + ": duplicate key " + detail::quote(es[i].name));
+  h.tensors.reserve(es.size());
+  for (const auto& e : es) h.tensors.push_back(detail::check_entry(name, e, h.data_size));
+  // h.tensors is sorted by name; check overlaps in offset order (empty tensors occupy no bytes).
   std::vector<const TensorInfo*> by_off;
   for (const auto& t : h.tensors)
     if (t.end > t.begin) by_off.push_back(&t);
