@@ -1,5 +1,6 @@
 // libFuzzer target: layout detection (include/spectral_cond/io/layouts.hpp) on arbitrary tensor
-// names and shapes, then the head resolution, checking that every slot lies inside its tensor.
+// names and shapes, then the head resolution, checking that every slot (strided ones of
+// GPT-NeoX / Falcon included) lies inside its tensor.
 // Input: lines "name<TAB>d0,d1,...", then an optional last line "heads,kv_heads".
 #include <spectral_cond/io/layouts.hpp>
 
@@ -35,7 +36,14 @@ void check_slot(const io::ProjectionSlot& s, std::int64_t D,
   const auto& sh = it->second;
   const std::int64_t along = s.transposed ? sh[0] : sh[1];
   const std::int64_t across = s.transposed ? sh[1] : sh[0];
-  if (s.offset < 0 || s.width < 1 || s.offset + s.width > along || across != D) __builtin_trap();
+  if (across != D || s.offset < 0 || s.width < 1) __builtin_trap();
+  if (s.stride <= 0) {
+    if (s.offset + s.width > along) __builtin_trap();
+    return;
+  }
+  // Blocks offset + g stride + [0, block): every one inside the tensor, none overlapping.
+  if (s.block < 1 || s.block > s.stride || s.width % s.block != 0) __builtin_trap();
+  if (s.offset + (s.width / s.block - 1) * s.stride + s.block > along) __builtin_trap();
 }
 
 }  // namespace
@@ -62,14 +70,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     tensors.push_back(std::move(t));
   }
   try {
-    const io::LayoutMatch m = io::detect_layers(tensors, io::Layout::Auto, "fuzz");
-    for (const auto& L : m.layers) {
+    io::LayoutMatch m = io::detect_layers(tensors, io::Layout::Auto, "fuzz");
+    for (auto& L : m.layers) {
       if (L.D < 1) __builtin_trap();
-      check_slot(L.q, L.D, shapes);
-      check_slot(L.k, L.D, shapes);
-      check_slot(L.v, L.D, shapes);
+      if (L.packed_rows == 0) {  // GPT-NeoX / Falcon slots exist only once the heads are known
+        check_slot(L.q, L.D, shapes);
+        check_slot(L.k, L.D, shapes);
+        check_slot(L.v, L.D, shapes);
+      }
       try {
         const io::LayerHeads h = io::resolve_heads(L, heads, "fuzz");
+        check_slot(L.q, L.D, shapes);
+        check_slot(L.k, L.D, shapes);
+        check_slot(L.v, L.D, shapes);
         if (h.heads * h.d_k != L.q.width || h.kv_heads * h.d_k != L.k.width ||
             h.kv_heads * h.d_v != L.v.width)
           __builtin_trap();

@@ -83,8 +83,14 @@ TEST_CASE("GPT-2, Hugging Face BERT/ViT, Llama with grouped-query K/V, torch MHA
   const LayerHeads lh = resolve_heads(l.layers[0], hc, "llama");
   CHECK(lh.d_k == 8);
   CHECK(lh.d_v == 8);
-  hc.kv_heads = 0;  // K narrower than heads x d_k: a clear error
-  CHECK_THROWS_AS(resolve_heads(l.layers[0], hc, "llama"), IoError);
+  hc.kv_heads = 0;  // no kv count given: W_K's width says 16 / d_k = 2
+  CHECK(resolve_heads(l.layers[0], hc, "llama").kv_heads == 2);
+  hc.heads = 16;  // d_k = 4, so W_K holds 4 kv heads
+  CHECK(resolve_heads(l.layers[0], hc, "llama").kv_heads == 4);
+  hc.heads = 8;
+  hc.kv_heads = 4;  // the config's kv count must fit W_K
+  CHECK_THROWS_WITH_AS(resolve_heads(l.layers[0], hc, "llama"),
+                       doctest::Contains("has width 16, expected kv_heads x d_k = 32"), IoError);
 
   auto t = detect_layers(names({{"encoder.layers.2.self_attn.in_proj_weight", {24, 8}}}),
                          Layout::Auto, "mha");
@@ -94,23 +100,33 @@ TEST_CASE("GPT-2, Hugging Face BERT/ViT, Llama with grouped-query K/V, torch MHA
 
 TEST_CASE("errors name the file and tensor") {
   CHECK_THROWS_WITH_AS(detect_layers(names({{"fc.weight", {3, 3}}}), Layout::Auto, "m.safetensors"),
-                       "m.safetensors: no attention layers found (looked for the torch-mha, timm, "
-                       "hf-bert, gpt2, llama and gguf layouts)",
+                       "m.safetensors: no attention layers found (looked for the timm, gpt2, "
+                       "hf-bert, whisper, llama, gguf, albert, distilbert, t5, gpt-neox, falcon "
+                       "and torch-mha layouts)",
                        IoError);
-  // ALBERT's shared layer: named, with the tensors that look like attention.
+  // Names no layout knows: listed, with the flag that maps them.
+  CHECK_THROWS_WITH_AS(
+      detect_layers(names({{"enc.0.attention.wq", {4, 4}},
+                           {"enc.0.attention.wk", {4, 4}},
+                           {"enc.1.attention.wq", {4, 4}},
+                           {"enc.1.attention.wk", {4, 4}},
+                           {"fc.weight", {3, 3}}}),
+                    Layout::Auto, "m"),
+      doctest::Contains("; tensors that look like attention: enc.0.attention.wq, "
+                        "enc.0.attention.wk, enc.1.attention.wq and 1 more; name them with "
+                        "--map q=REGEX,k=REGEX,v=REGEX (or qkv=REGEX)"),
+      IoError);
+  // A layer with W_Q but no W_V is an error naming the missing tensor.
   CHECK_THROWS_WITH_AS(
       detect_layers(
           names({{"albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query.weight",
                   {4, 4}},
                  {"albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight",
-                  {4, 4}},
-                 {"fc.weight", {3, 3}}}),
+                  {4, 4}}}),
           Layout::Auto, "m"),
-      doctest::Contains(
-          "; tensors that look like attention: "
-          "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query."
-          "weight, "
-          "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.key.weight"),
+      doctest::Contains("but not "
+                        "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.value."
+                        "weight"),
       IoError);
   CHECK_THROWS_WITH_AS(
       detect_layers(names({{"blocks.0.attn.qkv.weight", {10, 4}}}), Layout::Auto, "f"),
@@ -119,7 +135,7 @@ TEST_CASE("errors name the file and tensor") {
       detect_layers(names({{"bert.encoder.layer.0.attention.self.query.weight", {4, 4}}}),
                     Layout::Auto, "f"),
       IoError);
-  const auto m = detect_layers(names({{"blocks.0.attn.qkv.weight", {30, 10}}}), Layout::Timm, "f");
+  auto m = detect_layers(names({{"blocks.0.attn.qkv.weight", {30, 10}}}), Layout::Timm, "f");
   HeadConfig hc;
   CHECK_THROWS_WITH_AS(resolve_heads(m.layers[0], hc, "f"),
                        "f: the number of heads is unknown; pass --heads (and --kv-heads for "
@@ -159,4 +175,260 @@ TEST_CASE("config.json: Hugging Face and GPT-2 names") {
   }
   CHECK_THROWS_AS(read_head_config(path), IoError);
   std::remove(path.c_str());
+}
+
+TEST_CASE("name patterns: word boundaries, numbers, and no regex") {
+  auto layout_of = [](const std::string& n, std::vector<std::int64_t> shape) {
+    try {
+      return to_string(detect_layers(names({{n, shape}}), Layout::Auto, "f").layout);
+    } catch (const IoError&) {
+      return "none";
+    }
+  };
+  CHECK(std::string(layout_of("blocks.0.attn.qkv.weight", {12, 4})) == "timm");
+  CHECK(std::string(layout_of("model.vit.blocks.11.attn.qkv.weight", {12, 4})) == "timm");
+  CHECK(std::string(layout_of("myblocks.0.attn.qkv.weight", {12, 4})) == "none");  // no boundary
+  CHECK(std::string(layout_of("blocks.x.attn.qkv.weight", {12, 4})) == "none");  // no number
+  CHECK(std::string(layout_of("blocks.0.attn.qkv.weight.bak", {12, 4})) == "none");
+  CHECK(std::string(layout_of("in_proj_weight", {12, 4})) == "torch-mha");
+  CHECK(std::string(layout_of("layer1/in_proj_weight", {12, 4})) == "torch-mha");
+  CHECK(std::string(layout_of("xin_proj_weight", {12, 4})) == "none");
+  CHECK(std::string(layout_of("gblk.0.attn_q.weight", {4, 4})) == "none");  // gguf: whole name
+  // A name of 100,000 characters ending like a layout is refused quickly, never matched.
+  CHECK(std::string(layout_of(std::string(100000, '1') + ".attn.qkv.weight", {12, 4})) == "none");
+  CHECK(attention_candidate("transformer.h.3.self_attention.query_key_value.weight"));
+  CHECK(attention_candidate("encoder.block.0.layer.0.SelfAttention.q.weight"));
+  CHECK_FALSE(attention_candidate("encoder.block.0.layer.1.DenseReluDense.wi.weight"));
+}
+
+TEST_CASE("ALBERT: one shared layer, reported once with the layers it stands for") {
+  const std::string p = "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.";
+  auto m = detect_layers(names({{p + "query.weight", {8, 8}},
+                                {p + "key.weight", {8, 8}},
+                                {p + "value.weight", {8, 8}},
+                                {p + "dense.weight", {8, 8}}}),
+                         Layout::Auto, "albert");
+  CHECK(m.layout == Layout::Albert);
+  REQUIRE(m.layers.size() == 1);
+  CHECK(m.layers[0].shared);
+  CHECK(m.layers[0].prefix == p);
+  HeadConfig c;
+  CHECK(shared_by(m.layers[0], c, 0) == "every layer (num_hidden_layers unknown)");
+  c.hidden_layers = 12;
+  CHECK(shared_by(m.layers[0], c, 0) == "layers 0-11");
+  c.hidden_groups = 3;  // layer l uses group l / 4
+  CHECK(shared_by(m.layers[0], c, 1) == "layers 4-7");
+  AttentionLayerSpec plain;
+  CHECK(shared_by(plain, c, 0).empty());
+}
+
+TEST_CASE("DistilBERT, RoBERTa, DeiT") {
+  auto d = detect_layers(names({{"distilbert.transformer.layer.5.attention.q_lin.weight", {8, 8}},
+                                {"distilbert.transformer.layer.5.attention.k_lin.weight", {8, 8}},
+                                {"distilbert.transformer.layer.5.attention.v_lin.weight", {8, 8}},
+                                {"distilbert.transformer.layer.5.attention.out_lin.weight", {8, 8}}}),
+                         Layout::Auto, "distilbert");
+  CHECK(d.layout == Layout::DistilBert);
+  CHECK(d.layers[0].index == 5);
+  CHECK(d.layers[0].v.tensor == "distilbert.transformer.layer.5.attention.v_lin.weight");
+  for (const std::string root : {"roberta.encoder", "deit.encoder", "electra.encoder"}) {
+    const std::string s = root == std::string("deit.encoder") ? "attention" : "self";
+    auto r = detect_layers(names({{root + ".layer.1.attention." + s + ".query.weight", {8, 8}},
+                                  {root + ".layer.1.attention." + s + ".key.weight", {8, 8}},
+                                  {root + ".layer.1.attention." + s + ".value.weight", {8, 8}}}),
+                           Layout::Auto, root);
+    CHECK(r.layout == Layout::HfBert);
+  }
+}
+
+TEST_CASE("T5 and Whisper: two stacks, self- and cross-attention, numbered in model order") {
+  std::vector<NamedShape> ts;
+  for (const char* stack : {"decoder", "encoder"})
+    for (int b = 0; b < 2; ++b)
+      for (const char* kind : {"0.SelfAttention", "1.EncDecAttention"}) {
+        if (std::string(stack) == "encoder" && std::string(kind)[0] == '1') continue;
+        for (const char* p : {"q", "k", "v", "o"})
+          ts.push_back({std::string(stack) + ".block." + std::to_string(b) + ".layer." + kind +
+                            "." + p + ".weight",
+                        {8, 8}});
+      }
+  auto t = detect_layers(ts, Layout::Auto, "t5");
+  CHECK(t.layout == Layout::T5);
+  REQUIRE(t.layers.size() == 6);
+  // Encoder first; numbers repeat across the stacks, so layers are numbered 0..5 in order.
+  const char* prefixes[] = {"encoder.block.0.layer.0.SelfAttention.",
+                            "encoder.block.1.layer.0.SelfAttention.",
+                            "decoder.block.0.layer.0.SelfAttention.",
+                            "decoder.block.0.layer.1.EncDecAttention.",
+                            "decoder.block.1.layer.0.SelfAttention.",
+                            "decoder.block.1.layer.1.EncDecAttention."};
+  for (int i = 0; i < 6; ++i) {
+    CHECK(t.layers[static_cast<std::size_t>(i)].index == i);
+    CHECK(t.layers[static_cast<std::size_t>(i)].prefix == prefixes[i]);
+    CHECK(t.layers[static_cast<std::size_t>(i)].cross == (i == 3 || i == 5));
+    CHECK(t.layers[static_cast<std::size_t>(i)].unscaled);
+  }
+
+  std::vector<NamedShape> w;
+  for (const char* stack : {"model.encoder", "model.decoder"})
+    for (const char* kind : {"self_attn", "encoder_attn"}) {
+      if (std::string(stack) == "model.encoder" && std::string(kind) == "encoder_attn") continue;
+      for (const char* p : {"q", "k", "v"})
+        w.push_back({std::string(stack) + ".layers.0." + kind + "." + p + "_proj.weight", {6, 6}});
+    }
+  // Whisper's self-attention names are llama's too; whisper claims them all, so it is chosen.
+  auto wm = detect_layers(w, Layout::Auto, "whisper");
+  CHECK(wm.layout == Layout::Whisper);
+  REQUIRE(wm.layers.size() == 3);
+  CHECK(wm.layers[0].prefix == "model.encoder.layers.0.self_attn.");
+  CHECK(wm.layers[2].prefix == "model.decoder.layers.0.encoder_attn.");
+  CHECK(wm.layers[2].cross);
+  CHECK_FALSE(wm.layers[1].cross);
+  CHECK_FALSE(wm.layers[0].unscaled);
+  // Asked for llama, the same file gives the self-attention layers only.
+  auto lm = detect_layers(w, Layout::Llama, "whisper");
+  CHECK(lm.layers.size() == 2);
+  // An encoder alone: both layouts claim the same tensors; the more specific (whisper) wins.
+  w.resize(3);
+  CHECK(detect_layers(w, Layout::Auto, "encoder").layout == Layout::Whisper);
+  // Two layouts that share no tensor are still ambiguous.
+  CHECK_THROWS_WITH_AS(detect_layers(names({{"blocks.0.attn.qkv.weight", {12, 4}},
+                                            {"h.0.attn.c_attn.weight", {4, 12}}}),
+                                     Layout::Auto, "f"),
+                       doctest::Contains("match several layouts (timm, gpt2)"), IoError);
+}
+
+TEST_CASE("GPT-NeoX and Falcon: Q, K, V interleaved by head group in one tensor") {
+  std::mt19937_64 rng(11);
+  // GPT-NeoX: [3D, D] as (heads, 3, d, D).
+  const Index D = 8, h = 4, d = 2;
+  const Mat<double> T = sc_test::randn<double>(3 * D, D, rng);
+  auto n = detect_layers(names({{"gpt_neox.layers.0.attention.query_key_value.weight", {24, 8}}}),
+                         Layout::Auto, "neox");
+  CHECK(n.layout == Layout::GptNeox);
+  HeadConfig c;
+  CHECK_THROWS_WITH_AS(resolve_heads(n.layers[0], c, "neox"),
+                       doctest::Contains("the number of heads is unknown"), IoError);
+  c.heads = h;
+  AttentionLayerSpec L = n.layers[0];
+  const LayerHeads H = resolve_heads(L, c, "neox");
+  CHECK(H.kv_heads == h);
+  CHECK(H.d_k == d);
+  const Mat<double> WQ = extract_projection(L.q, T), WK = extract_projection(L.k, T),
+                    WV = extract_projection(L.v, T);
+  REQUIRE(WQ.cols() == D);
+  for (Index j = 0; j < h; ++j) {
+    CHECK(WQ.middleCols(j * d, d) == T.middleRows(j * 3 * d, d).transpose());
+    CHECK(WK.middleCols(j * d, d) == T.middleRows(j * 3 * d + d, d).transpose());
+    CHECK(WV.middleCols(j * d, d) == T.middleRows(j * 3 * d + 2 * d, d).transpose());
+  }
+  // Inserting the three back rebuilds the tensor exactly.
+  Mat<double> T2 = Mat<double>::Zero(T.rows(), T.cols());
+  insert_projection(L.q, WQ, T2);
+  insert_projection(L.k, WK, T2);
+  insert_projection(L.v, WV, T2);
+  CHECK(T2 == T);
+
+  // Falcon-40B style: 4 query heads in 2 groups, each group [q, q, k, v] of d rows.
+  const Mat<double> F = sc_test::randn<double>(16, 8, rng);
+  auto f = detect_layers(names({{"transformer.h.2.self_attention.query_key_value.weight", {16, 8}}}),
+                         Layout::Auto, "falcon");
+  CHECK(f.layout == Layout::Falcon);
+  CHECK(f.layers[0].index == 2);
+  AttentionLayerSpec G = f.layers[0];
+  const LayerHeads FH = resolve_heads(G, c, "falcon");
+  CHECK(FH.kv_heads == 2);
+  const Mat<double> FQ = extract_projection(G.q, F), FK = extract_projection(G.k, F),
+                    FV = extract_projection(G.v, F);
+  CHECK(FQ.cols() == 8);
+  CHECK(FK.cols() == 4);
+  CHECK(FQ.middleCols(6, 2) == F.middleRows(10, 2).transpose());  // head 3: group 1, second q
+  CHECK(FK.middleCols(2, 2) == F.middleRows(12, 2).transpose());
+  CHECK(FV.middleCols(2, 2) == F.middleRows(14, 2).transpose());
+  // Falcon-7B: multi-query, [q x 4, k, v]: one key/value head.
+  auto f7 = detect_layers(names({{"transformer.h.0.self_attention.query_key_value.weight", {12, 8}}}),
+                          Layout::Falcon, "falcon7b");
+  AttentionLayerSpec M = f7.layers[0];
+  CHECK(resolve_heads(M, c, "falcon7b").kv_heads == 1);
+  CHECK(M.k.offset == 8);
+  CHECK(M.v.offset == 10);
+  // A config that disagrees with the tensor is an error naming both.
+  HeadConfig bad = c;
+  bad.kv_heads = 2;
+  AttentionLayerSpec M2 = f7.layers[0];
+  CHECK_THROWS_WITH_AS(resolve_heads(M2, bad, "falcon7b"),
+                       doctest::Contains("kv_heads = 2 but tensor "
+                                         "transformer.h.0.self_attention.query_key_value.weight "
+                                         "holds 1 key/value heads"),
+                       IoError);
+  bad.kv_heads = 0;
+  bad.heads = 3;  // 3 does not divide D = 8
+  AttentionLayerSpec M3 = f7.layers[0];
+  CHECK_THROWS_WITH_AS(resolve_heads(M3, bad, "falcon7b"),
+                       doctest::Contains("heads = 3 does not divide D = 8"), IoError);
+  CHECK_THROWS_WITH_AS(
+      detect_layers(names({{"transformer.h.0.self_attention.query_key_value.weight", {8, 8}}}),
+                    Layout::Auto, "f"),
+      doctest::Contains("expected [rows, D] with rows > D"), IoError);
+}
+
+TEST_CASE("--map: any model's names by regular expression") {
+  const LayerMap m = parse_layer_map(R"(q=enc\.(\d{1,3})\.wq,k=enc\.(\d{1,3})\.wk,v=enc\.(\d{1,3})\.wv)");
+  CHECK(m.q == R"(enc\.(\d{1,3})\.wq)");  // the comma inside {1,3} stays in the expression
+  CHECK(m.v == R"(enc\.(\d{1,3})\.wv)");
+  std::vector<NamedShape> ts = {{"enc.1.wq", {4, 6}}, {"enc.1.wk", {2, 6}}, {"enc.1.wv", {2, 6}},
+                                {"enc.0.wq", {4, 6}}, {"enc.0.wk", {2, 6}}, {"enc.0.wv", {2, 6}},
+                                {"enc.0.wo", {6, 4}}};
+  for (const NamedShape& t : ts) CHECK(map_candidate(m, t.name) == (t.name != "enc.0.wo"));
+  auto r = detect_layers(ts, Layout::Auto, "f", &m);
+  CHECK(r.layout == Layout::Map);
+  REQUIRE(r.layers.size() == 2);
+  CHECK(r.layers[0].index == 0);
+  CHECK(r.layers[1].index == 1);
+  CHECK(r.layers[1].k.tensor == "enc.1.wk");
+  CHECK(r.layers[1].D == 6);
+  CHECK(r.layers[1].k.width == 2);
+  // Groups that are not a number: layers numbered in order of their groups.
+  const LayerMap named = parse_layer_map(R"(q=(\w+)\.wq,k=(\w+)\.wk,v=(\w+)\.wv)");
+  auto nm = detect_layers(names({{"decoder.wq", {4, 4}}, {"decoder.wk", {4, 4}},
+                                 {"decoder.wv", {4, 4}}, {"encoder.wq", {4, 4}},
+                                 {"encoder.wk", {4, 4}}, {"encoder.wv", {4, 4}}}),
+                          Layout::Auto, "f", &named);
+  REQUIRE(nm.layers.size() == 2);
+  CHECK(nm.layers[0].prefix == "encoder");  // the decoder's layers come after the encoder's
+  CHECK(nm.layers[1].index == 1);
+  // Errors: a layer without W_V, two tensors for one layer, --layout with --map.
+  ts.pop_back();
+  ts.erase(ts.begin() + 2);
+  CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &m),
+                       "f: --map: layer '1' has W_Q enc.1.wq but no v tensor matches", IoError);
+  const LayerMap loose = parse_layer_map(R"(q=.*wq,k=.*wk,v=.*wv)");
+  CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &loose),
+                       doctest::Contains("--map q matches two tensors for layer ''"), IoError);
+  CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Timm, "f", &m),
+                       doctest::Contains("--map replaces the built-in layouts"), IoError);
+  const LayerMap none = parse_layer_map("q=x,k=y,v=z");
+  CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &none),
+                       doctest::Contains("--map matched no tensor"), IoError);
+  // A fused tensor, GPT-2 style.
+  const LayerMap fused = parse_layer_map(R"(qkv=tr\.(\d+)\.qkv,storage=conv1d)");
+  auto fr = detect_layers(names({{"tr.7.qkv", {4, 12}}, {"tr.7.proj", {4, 4}}}), Layout::Auto, "f",
+                          &fused);
+  REQUIRE(fr.layers.size() == 1);
+  CHECK(fr.layers[0].index == 7);
+  CHECK_FALSE(fr.layers[0].q.transposed);
+  CHECK(fr.layers[0].v.offset == 8);
+  // Malformed maps name --map and what is wrong.
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b"), "--map: v is missing (q, k and v go together)",
+                       IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=(c"), doctest::Contains("--map: v: not a valid"),
+                       IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("x=a"), doctest::Contains("--map: expected q=REGEX"),
+                       IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=c,qkv=d"), doctest::Contains("not both"),
+                       IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("qkv=a,storage=rows"),
+                       doctest::Contains("storage must be linear or conv1d"), IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,q=b"), "--map: q given twice", IoError);
+  CHECK(parse_layer_map("").empty());
 }

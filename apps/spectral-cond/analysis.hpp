@@ -13,12 +13,15 @@
 #include <spectral_cond/conditioning/kappa.hpp>
 #include "synthetic.hpp"
 
+#include <sys/stat.h>
+
 #include <array>
 #include <chrono>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,6 +32,7 @@ namespace spectral_cond::cli {
 /// What to compute. Every field is a command-line option of `analyze` (docs/checkpoints.md).
 struct AnalysisOptions {
   std::string layout = "auto";
+  std::string map;               ///< --map q=REGEX,k=REGEX,v=REGEX (replaces the layouts)
   std::int64_t heads = 0;        ///< 0: from config.json
   std::int64_t kv_heads = 0;     ///< 0: from config.json, else = heads
   double lambda = 10;            ///< λ of W + λ I_k (MATH.md §7)
@@ -96,6 +100,9 @@ struct LayerStats {
   MatrixStats q, k, v;
   std::vector<HeadStats> per_head;
   std::vector<JacobianStats> jacobian;
+  Index tokens = 0;       ///< N of this layer's X (0 without --jacobian)
+  std::string shared_by;  ///< a shared (ALBERT) layer: the layers it stands for
+  std::string note;       ///< what the analysis of this layer left out, and why
 };
 
 struct CheckpointReport {
@@ -105,7 +112,7 @@ struct CheckpointReport {
   io::HeadConfig head_config;
   double lambda = 10;
   std::optional<double> target;
-  Index tokens = 0;                                         ///< N of X for κ(J) (0: no Jacobian)
+  Index tokens = 0;  ///< the largest N of the layers' X for κ(J) (0: no Jacobian)
   std::string inputs;                                       ///< "X.npy" or "synthetic (seed S)"
   double scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN: 1/sqrt(d_k)
   bool causal = false;
@@ -270,6 +277,66 @@ inline io::HeadConfig head_config(const CheckpointReader& src, std::int64_t head
   return hc;
 }
 
+/// The inputs X of the Jacobian analysis (--inputs; docs/checkpoints.md): one N x D .npy for
+/// every layer, or one X per layer in an .npz or a folder of .npy files, keyed by the layer's
+/// index ("3", "layer_3", "layer.3") or its prefix ("blocks.3.attn.", with or without the last
+/// dot). Each X is checked finite and 2-D when it is read.
+class LayerInputs {
+ public:
+  explicit LayerInputs(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    struct stat st {};
+    const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    if (dir || io::detail::ends_with(path, ".npz")) {
+      per_layer_ = std::make_unique<io::CheckpointReader>(path);
+      const auto f = per_layer_->format();
+      if (f != CheckpointFormat::Npz && f != CheckpointFormat::NpyDir)
+        throw BadInput(path + ": --inputs: expected an .npy file, an .npz or a folder of .npy "
+                              "files (one X per layer), found " + to_string(f));
+    } else {
+      X_ = load_matrix(path, "X");
+      check(X_, path);
+    }
+  }
+  bool empty() const { return path_.empty(); }
+  /// What the report says the inputs were.
+  std::string describe() const {
+    return per_layer_ ? path_ + " (one X per layer)" : path_;
+  }
+  /// X of layer L; `which` is set to where it came from, for messages.
+  Mat<double> for_layer(const io::AttentionLayerSpec& L, std::string& which) const {
+    if (!per_layer_) {
+      which = path_;
+      return X_;
+    }
+    const std::string i = std::to_string(L.index);
+    std::vector<std::string> keys = {i, "layer_" + i, "layer." + i};
+    if (!L.prefix.empty()) keys.push_back(L.prefix);
+    if (L.prefix.size() > 1 && L.prefix.back() == '.')
+      keys.push_back(L.prefix.substr(0, L.prefix.size() - 1));
+    for (const std::string& k : keys)
+      if (per_layer_->contains(k)) {
+        which = path_ + " [" + k + "]";
+        Mat<double> X = per_layer_->matrix(k);
+        check(X, which);
+        return X;
+      }
+    std::string looked;
+    for (const std::string& k : keys) looked += (looked.empty() ? "" : ", ") + k;
+    throw BadInput(path_ + ": --inputs: no X for layer " + i + " (looked for " + looked + ")");
+  }
+
+ private:
+  static void check(const Mat<double>& X, const std::string& where) {
+    if (X.rows() < 1 || X.cols() < 1)
+      throw BadInput(where + ": X must be N x D with N, D >= 1 (got " +
+                     shape_str(X.rows(), X.cols()) + ")");
+  }
+  std::string path_;
+  Mat<double> X_;
+  std::unique_ptr<io::CheckpointReader> per_layer_;
+};
+
 /// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
 /// file and tensor for anything unusable.
 inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
@@ -282,9 +349,11 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   rep.target = o.target;
   rep.causal = o.causal;
   if (o.scale) rep.scale = *o.scale;
-  const io::LayoutMatch match =
-      io::detect_layers(src.layout_view(), io::parse_layout(o.layout), path);
+  const io::LayerMap map = io::parse_layer_map(o.map);
+  io::LayoutMatch match =
+      io::detect_layers(src.layout_view(&map), io::parse_layout(o.layout), path, &map);
   rep.layout = match.layout;
+  if (!o.scale && match.layout == io::Layout::T5) rep.scale = 1.0;
 
   const io::HeadConfig hc = head_config(src, o.heads, o.kv_heads);
   rep.head_config = hc;
@@ -293,18 +362,15 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   std::vector<std::int64_t> indices;
   for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
   sel.require_within(indices, "attention layer", path);
-  std::vector<const io::AttentionLayerSpec*> todo;
-  for (const auto& L : match.layers)
+  std::vector<io::AttentionLayerSpec*> todo;
+  for (auto& L : match.layers)
     if (sel.contains(L.index)) todo.push_back(&L);
 
-  // The inputs X of the Jacobian analysis.
-  Mat<double> X;
-  if (o.jacobian && !o.inputs.empty()) {
-    X = load_matrix(o.inputs, "X");
-    if (X.rows() < 1 || X.cols() < 1)
-      throw BadInput(o.inputs + ": X must be N x D with N, D >= 1 (got " +
-                     shape_str(X.rows(), X.cols()) + ")");
-    rep.inputs = o.inputs;
+  // The inputs X of the Jacobian analysis: one for all layers, one per layer, or synthetic.
+  const LayerInputs inputs(o.jacobian ? o.inputs : std::string());
+  std::map<Index, Mat<double>> synthetic;  // by D
+  if (o.jacobian && !inputs.empty()) {
+    rep.inputs = inputs.describe();
   } else if (o.jacobian) {
     if (o.tokens < 1)
       throw BadInput("--tokens must be >= 1 (got " + std::to_string(o.tokens) + ")");
@@ -313,9 +379,9 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
 
   // Heads of every selected layer, checked before any tensor is read.
   std::vector<io::LayerHeads> lh;
-  for (const auto* L : todo) {
+  for (auto* L : todo) {
     lh.push_back(io::resolve_heads(*L, hc, path));
-    if (o.jacobian) {
+    if (o.jacobian && !L->cross) {
       std::vector<std::int64_t> heads(static_cast<std::size_t>(lh.back().heads));
       for (std::size_t h = 0; h < heads.size(); ++h) heads[h] = static_cast<std::int64_t>(h);
       o.jacobian_heads.require_within(heads, "head", path + ": layer " + std::to_string(L->index));
@@ -325,7 +391,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   double units = 0, done = 0;
   for (std::size_t i = 0; i < todo.size(); ++i) {
     units += 1;
-    if (o.jacobian)
+    if (o.jacobian && !todo[i]->cross)
       for (std::int64_t h = 0; h < lh[i].heads; ++h)
         units += o.jacobian_heads.contains(h) ? (o.jacobian_corrections ? 4.0 : 1.0) : 0.0;
   }
@@ -341,6 +407,9 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     LayerStats ls;
     ls.spec = L;
     ls.heads = H;
+    ls.shared_by = io::shared_by(L, hc, L.index);
+    if (L.unscaled)
+      ls.note = "logits are not divided by sqrt(d_k) in this model (T5)";
     // Read this layer's tensors once each (q, k, v may share one fused tensor).
     std::map<std::string, Mat<double>> tensors;
     auto proj = [&](const io::ProjectionSlot& s) {
@@ -399,16 +468,30 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     }
     tick(1);
 
-    if (o.jacobian) {
-      if (X.size() == 0) X = synthetic_tokens(o.tokens, D, o.seed);
+    if (o.jacobian && L.cross) {
+      ls.note = "cross-attention: kappa(J) not computed (its queries and its keys and values "
+                "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
+                (ls.note.empty() ? std::string() : "; " + ls.note);
+    } else if (o.jacobian) {
+      std::string x_from = "synthetic tokens";
+      Mat<double> X;
+      if (inputs.empty()) {
+        auto it = synthetic.find(D);
+        if (it == synthetic.end())
+          it = synthetic.emplace(D, synthetic_tokens(o.tokens, D, o.seed)).first;
+        X = it->second;
+      } else {
+        X = inputs.for_layer(L, x_from);
+      }
       if (X.cols() != D)
-        throw BadInput((o.inputs.empty() ? std::string("synthetic tokens") : o.inputs) +
-                       ": X must be N x D with D = " + std::to_string(D) + " (layer " +
+        throw BadInput(x_from + ": X must be N x D with D = " + std::to_string(D) + " (layer " +
                        std::to_string(L.index) + ", tensor " + L.q.tensor + "), got " +
                        shape_str(X.rows(), X.cols()));
-      rep.tokens = X.rows();
+      ls.tokens = X.rows();
+      rep.tokens = std::max(rep.tokens, X.rows());
       AttentionOptions<double> ao;
       ao.scale = o.scale;
+      if (!o.scale && L.unscaled) ao.scale = 1.0;
       ao.mask = o.causal ? MaskKind::Causal : MaskKind::None;
       BoundOptions bo;
       bo.blocks = o.blocks;

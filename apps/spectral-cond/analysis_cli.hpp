@@ -14,10 +14,11 @@ namespace spectral_cond::cli {
 
 /// The options `analyze` and `demo` share.
 inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
-  cmd->add_option("--layout", o.layout,
-                  "tensor layout: auto (default), torch-mha, timm, hf-bert, "
-                  "gpt2, llama, gguf")
-      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama", "gguf"}));
+  cmd->add_option("--layout", o.layout, layout_help())->check(CLI::IsMember(layout_choices()));
+  cmd->add_option("--map", o.map,
+                  "where W_Q, W_K, W_V are in any other model: q=REGEX,k=REGEX,v=REGEX or "
+                  "qkv=REGEX[,storage=conv1d], each matching whole tensor names; capture groups "
+                  "name the layer");
   cmd->add_option("--heads", o.heads, "number of attention heads (default: config.json)")
       ->check(head_count());
   cmd->add_option("--kv-heads", o.kv_heads,
@@ -28,7 +29,9 @@ inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
   cmd->add_flag("--per-head", o.per_head, "also report every head's D x d_k block");
   cmd->add_option("--layers", o.layers, "layers to analyse, e.g. 0,3,5-7 (default all)");
   cmd->add_flag("--jacobian", o.jacobian, "also kappa(J) and Theorem 3.4 for every head");
-  cmd->add_option("--inputs", o.inputs, "X for --jacobian: N x D .npy (default: --tokens)");
+  cmd->add_option("--inputs", o.inputs,
+                  "X for --jacobian: an N x D .npy for every layer, or an .npz / folder of "
+                  ".npy with one X per layer (keys 3, layer_3 or the prefix); default --tokens");
   cmd->add_option("--tokens", o.tokens, "N synthetic LayerNorm-like tokens (default 64)")
       ->check(CLI::Range(1LL, kMaxTokens));
   cmd->add_option("--seed", o.seed, "seed of the synthetic tokens (default 0)")

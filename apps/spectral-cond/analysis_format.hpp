@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <sstream>
 #include <string>
+#include <set>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -137,6 +138,10 @@ inline nlohmann::json report_json(const CheckpointReport& rep) {
                         {"W_Q", shape_json(L.q, D, L.spec.q.width)},
                         {"W_K", shape_json(L.k, D, L.spec.k.width)},
                         {"W_V", shape_json(L.v, D, L.spec.v.width)}};
+    l["attention"] = L.spec.cross ? "cross" : "self";
+    if (L.tokens > 0) l["tokens"] = L.tokens;
+    if (!L.shared_by.empty()) l["shared_by"] = L.shared_by;
+    if (!L.note.empty()) l["note"] = L.note;
     if (!L.per_head.empty()) {
       nlohmann::json hs = nlohmann::json::array();
       for (const HeadStats& h : L.per_head)
@@ -230,8 +235,8 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
       auto jrow = [&](const JacobianStats& j, const std::string& matrix, const Theorem34Report& t) {
         const auto& J = t.J;
         o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head << ','
-          << matrix << ",," << jacobian_rows(rep.tokens, L.heads.d_v) << ','
-          << jacobian_cols(JacobianBlock::All, rep.tokens, L.spec.D, L.heads.d_k, L.heads.d_v)
+          << matrix << ",," << jacobian_rows(L.tokens, L.heads.d_v) << ','
+          << jacobian_cols(JacobianBlock::All, L.tokens, L.spec.D, L.heads.d_k, L.heads.d_v)
           << ',' << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ','
           << g(J.kappa_plus) << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ','
           << g(t.bound) << ',' << g(t.bound_plus) << ',' << (t.holds_plus ? "true" : "false");
@@ -387,11 +392,27 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
         }
       }
     }
+    for (const LayerStats& L : rep.layers) {
+      std::vector<std::string> parts;
+      if (L.spec.cross && L.note.find("cross-attention") == std::string::npos)
+        parts.push_back("cross-attention");
+      if (!L.shared_by.empty()) parts.push_back("shared by " + L.shared_by);
+      if (!L.note.empty()) parts.push_back(L.note);
+      std::string what;
+      for (const std::string& p : parts) what += (what.empty() ? "" : "; ") + p;
+      if (!what.empty())
+        o << "  layer " << L.spec.index << " (" << L.spec.prefix << "): " << what << '\n';
+    }
     bool any_j = false;
     for (const LayerStats& L : rep.layers) any_j = any_j || !L.jacobian.empty();
     if (any_j) {
-      o << "\nJacobian of each head (N = " << rep.tokens << " tokens, " << rep.inputs
-        << "), Theorem 3.4 with kappa_plus:\n";
+      std::set<Index> ns;
+      for (const LayerStats& L : rep.layers)
+        if (L.tokens > 0) ns.insert(L.tokens);
+      o << "\nJacobian of each head ("
+        << (ns.size() > 1 ? "N per layer, up to " + std::to_string(rep.tokens)
+                          : "N = " + std::to_string(rep.tokens))
+        << " tokens, " << rep.inputs << "), Theorem 3.4 with kappa_plus:\n";
       o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::right
         << std::setw(11) << "kappa(J)" << std::setw(11) << "kappa+(J)" << std::setw(7) << "rank"
         << std::setw(10) << "kappa(X)" << std::setw(10) << "k+(Lam)" << std::setw(10) << "k(W_Q)"

@@ -38,7 +38,7 @@ namespace {
 
 struct CorrectArgs {
   std::string checkpoint, out, method = "lambda", placement = "fused";
-  std::string layout = "auto", layers;
+  std::string layout = "auto", map, layers;
   std::int64_t heads = 0, kv_heads = 0;
   double lambda = 10, target = 0;
   bool quiet = false, verbose = false;
@@ -118,8 +118,9 @@ void run_correct(const CorrectArgs& a, bool target_set) {
         ".safetensors (got " +
         io::detail::quote(a.out) + ")");
 
-  const io::LayoutMatch match =
-      io::detect_layers(src.layout_view(), io::parse_layout(a.layout), a.checkpoint);
+  const io::LayerMap map = io::parse_layer_map(a.map);
+  io::LayoutMatch match =
+      io::detect_layers(src.layout_view(&map), io::parse_layout(a.layout), a.checkpoint, &map);
   const io::HeadConfig hc = head_config(src, a.heads, a.kv_heads);
   const IndexSelection sel = IndexSelection::parse(a.layers, "--layers");
   std::vector<std::int64_t> indices;
@@ -128,16 +129,17 @@ void run_correct(const CorrectArgs& a, bool target_set) {
 
   // The corrected tensors, encoded in their dtype. Layer by layer: one layer's tensors in memory.
   std::map<std::string, std::vector<std::uint8_t>> modified;
-  std::vector<const io::AttentionLayerSpec*> todo;
-  for (const auto& L : match.layers)
+  std::vector<io::AttentionLayerSpec*> todo;
+  for (auto& L : match.layers)
     if (sel.contains(L.index)) todo.push_back(&L);
   Progress bar("correct " + a.checkpoint, !a.quiet);
   std::size_t n_done = 0;
-  for (const io::AttentionLayerSpec* Lp : todo) {
-    const io::AttentionLayerSpec& L = *Lp;
-    // A fused correction treats each projection as one matrix: it needs no head count.
+  for (io::AttentionLayerSpec* Lp : todo) {
+    io::AttentionLayerSpec& L = *Lp;
+    // A fused correction treats each projection as one matrix: it needs no head count (unless
+    // the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
     io::LayerHeads H;
-    if (hc.heads < 1 && a.placement == "fused") {
+    if (hc.heads < 1 && a.placement == "fused" && L.packed_rows == 0) {
       H.heads = H.kv_heads = 1;
       H.d_k = L.q.width;
       H.d_v = L.v.width;
@@ -198,7 +200,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
       t.bytes = {m->second.data(), m->second.size()};
     } else if (ck) {
       t.bytes = ck->bytes(name);
-    } else if (const io::PytorchFile* pt = src.pytorch()) {
+    } else if (const io::PytorchFile* pt = src.pytorch_for(name)) {
       keep.emplace_back();
       t.bytes = pt->bytes(name, keep.back());  // in place when contiguous, else gathered
     } else {
@@ -256,8 +258,8 @@ void register_correct(CLI::App& app) {
                   "fused (default): one correction of the whole "
                   "projection; per-head: one per head block")
       ->check(CLI::IsMember({"fused", "per-head"}));
-  cmd->add_option("--layout", a->layout, "tensor layout (default auto)")
-      ->check(CLI::IsMember({"auto", "torch-mha", "timm", "hf-bert", "gpt2", "llama", "gguf"}));
+  cmd->add_option("--layout", a->layout, layout_help())->check(CLI::IsMember(layout_choices()));
+  cmd->add_option("--map", a->map, "q=REGEX,k=REGEX,v=REGEX or qkv=REGEX: see analyze --help");
   cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")
       ->check(head_count());
   cmd->add_option("--kv-heads", a->kv_heads, "key/value heads (grouped-query models)")

@@ -4,9 +4,24 @@
 
 #include <CLI/CLI.hpp>
 
+#include <spectral_cond/io/layouts.hpp>
+
 #include <string>
+#include <vector>
 
 namespace spectral_cond::cli {
+
+/// The --layout values: auto and every built-in layout of io::detect_layers.
+inline std::vector<std::string> layout_choices() {
+  std::vector<std::string> out = {"auto"};
+  for (const auto& r : io::detail::layout_rules()) out.push_back(io::to_string(r.first.layout));
+  return out;
+}
+
+inline std::string layout_help() {
+  return std::string("tensor layout: auto (default), ") + io::kLayoutNames +
+         " (docs/checkpoints.md); --map for any other";
+}
 
 /// Accepts only decimal digits that fit in an unsigned 64-bit integer: "-1" would otherwise
 /// wrap to 2^64 - 1 and "1e3" be cut to 1.

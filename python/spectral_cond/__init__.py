@@ -70,8 +70,10 @@ __all__ = [
 
 Checkpoint = _core.Checkpoint
 """A checkpoint opened by open_checkpoint: names(), shape(name), dtype(name), file_of(name),
-matrix(name) (float64, checked finite), layers(layout='auto') (the attention layers, as dicts of
-their W_Q/W_K/W_V slots), projection(tensor, transposed, offset, width) (W, D x width)."""
+matrix(name) (float64, checked finite), layers(layout='auto', map='', heads=0, kv_heads=0) (the
+attention layers, as dicts of their W_Q/W_K/W_V slots; map as the tool's --map; with heads, each
+layer's heads too, and the slots of GPT-NeoX / Falcon tensors, which need them),
+projection(tensor, transposed, offset, width, block=0, stride=0) (W, D x width)."""
 
 CheckpointError = _core.CheckpointError
 """A checkpoint that cannot be read (an OSError); the message names the file and the tensor."""

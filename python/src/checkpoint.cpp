@@ -23,15 +23,39 @@ nb::dict slot_dict(const io::ProjectionSlot& s) {
   d["transposed"] = s.transposed;
   d["offset"] = s.offset;
   d["width"] = s.width;
+  d["block"] = s.block;
+  d["stride"] = s.stride;
   return d;
 }
 
-/// The attention layers of the checkpoint, as dicts (index, prefix, D, q, k, v slots).
-nb::list layers_py(const io::CheckpointReader& r, const std::string& layout) {
-  const io::LayoutMatch m = io::detect_layers(r.layout_view(), io::parse_layout(layout), r.path());
+/// The attention layers of the checkpoint, as dicts (index, prefix, D, q, k, v slots, and
+/// what the layout says: cross-attention, shared, unscaled logits). With heads, each layer's
+/// heads are resolved too (and the slots of GPT-NeoX / Falcon tensors filled, which need them).
+nb::list layers_py(const io::CheckpointReader& r, const std::string& layout,
+                   const std::string& map_text, std::int64_t heads, std::int64_t kv_heads) {
+  const io::LayerMap map = io::parse_layer_map(map_text);
+  io::LayoutMatch m =
+      io::detect_layers(r.layout_view(&map), io::parse_layout(layout), r.path(), &map);
+  io::HeadConfig hc;
+  hc.heads = heads;
+  hc.kv_heads = kv_heads;
+  hc.source = "heads=";
   nb::list out;
-  for (const io::AttentionLayerSpec& L : m.layers) {
+  for (io::AttentionLayerSpec& L : m.layers) {
     nb::dict d;
+    if (heads > 0) {
+      const io::LayerHeads h = io::resolve_heads(L, hc, r.path());
+      d["heads"] = h.heads;
+      d["kv_heads"] = h.kv_heads;
+      d["d_k"] = h.d_k;
+      d["d_v"] = h.d_v;
+    } else if (L.packed_rows > 0) {
+      throw io::IoError(r.path() + ": layer " + L.prefix + ": Q, K and V of " + L.q.tensor +
+                        " interleave by head; pass heads= to find them");
+    }
+    d["cross"] = L.cross;
+    d["shared"] = L.shared;
+    d["unscaled"] = L.unscaled;
     d["layout"] = std::string(io::to_string(m.layout));
     d["index"] = L.index;
     d["prefix"] = L.prefix;
@@ -46,14 +70,27 @@ nb::list layers_py(const io::CheckpointReader& r, const std::string& layout) {
 
 /// W (D x width) of one slot, the matrix the analysis uses.
 nb::object projection_py(const io::CheckpointReader& r, const std::string& tensor, bool transposed,
-                         std::int64_t offset, std::int64_t width) {
+                         std::int64_t offset, std::int64_t width, std::int64_t block,
+                         std::int64_t stride) {
   const Mat<double> T = r.matrix(tensor);
   const Index rows = transposed ? T.rows() : T.cols();
-  if (offset < 0 || width < 1 || offset > rows || width > rows - offset)
+  auto outside = [&] {
     value_error("Checkpoint.projection", "the slot [" + std::to_string(offset) + ", +" +
                                              std::to_string(width) + ") lies outside tensor " +
                                              tensor);
-  io::ProjectionSlot s{tensor, transposed, offset, width};
+  };
+  if (offset < 0 || width < 1 || offset > rows) outside();
+  if (stride <= 0) {
+    if (width > rows - offset) outside();
+  } else {
+    // Blocks offset + g stride + [0, block): the last must end inside the tensor.
+    if (block < 1 || width % block != 0 || block > stride)
+      value_error("Checkpoint.projection", "block must divide width and be at most stride");
+    const std::int64_t groups = width / block;
+    if (rows - offset < block || groups - 1 > (rows - offset - block) / stride) outside();
+  }
+  io::ProjectionSlot s{tensor, transposed, offset, width, stride > 0 ? block : 0,
+                       stride > 0 ? stride : 0};
   return to_numpy<double>(Mat<double>(io::extract_projection(s, T)));
 }
 
@@ -91,9 +128,10 @@ void bind_checkpoint(nb::module_& m) {
             return to_numpy<double>(r.matrix(n));
           },
           nb::arg("name"))
-      .def("layers", &layers_py, nb::arg("layout") = "auto")
+      .def("layers", &layers_py, nb::arg("layout") = "auto", nb::arg("map") = "",
+           nb::arg("heads") = 0, nb::arg("kv_heads") = 0)
       .def("projection", &projection_py, nb::arg("tensor"), nb::arg("transposed"),
-           nb::arg("offset"), nb::arg("width"));
+           nb::arg("offset"), nb::arg("width"), nb::arg("block") = 0, nb::arg("stride") = 0);
   m.def(
       "open_checkpoint",
       [](const std::string& path) {

@@ -108,6 +108,35 @@ def make_model(layout, rng, layers=2, D=16, heads=4, kv_heads=None, dtype=np.flo
                 tensors[f"model.layers.{i}.self_attn.{n}_proj.weight"] = T
                 ws.append(T.astype(np.float64).T)
             proj.append(tuple(ws))
+        elif layout in ("distilbert", "t5", "whisper", "albert"):
+            if layout == "albert" and i > 0:
+                continue  # one shared layer: layer 0's weights stand for all
+            names = {
+                "distilbert": lambda n: f"distilbert.transformer.layer.{i}.attention.{n[0]}_lin.weight",
+                "t5": lambda n: f"encoder.block.{i}.layer.0.SelfAttention.{n[0]}.weight",
+                "whisper": lambda n: f"model.encoder.layers.{i}.self_attn.{n[0]}_proj.weight",
+                "albert": lambda n: ("albert.encoder.albert_layer_groups.0.albert_layers.0."
+                                     f"attention.{n}.weight"),
+            }[layout]
+            ws = []
+            for n in ("query", "key", "value"):
+                T = w((D, D))
+                tensors[names(n)] = T
+                ws.append(T.astype(np.float64).T)
+            proj.append(tuple(ws))
+        elif layout in ("gpt-neox", "falcon"):
+            # One [(H + 2G) d, D] tensor: G groups of H/G query blocks, one key and one value
+            # block (GPT-NeoX: G = H, so per head q, k, v).
+            r = heads // kv_heads
+            T = w(((heads + 2 * kv_heads) * d, D))
+            name = (f"gpt_neox.layers.{i}.attention.query_key_value.weight" if layout == "gpt-neox"
+                    else f"transformer.h.{i}.self_attention.query_key_value.weight")
+            tensors[name] = T
+            G = T.astype(np.float64).reshape(kv_heads, r + 2, d, D)
+            WQ = np.concatenate([G[g, j].T for g in range(kv_heads) for j in range(r)], axis=1)
+            WK = np.concatenate([G[g, r].T for g in range(kv_heads)], axis=1)
+            WV = np.concatenate([G[g, r + 1].T for g in range(kv_heads)], axis=1)
+            proj.append((WQ, WK, WV))
         tensors[f"layers_extra.{i}.mlp.fc1.weight"] = w((2 * D, D))
     return tensors, proj
 
@@ -252,14 +281,16 @@ class Base(unittest.TestCase):
 
 class TestAnalyzeLayouts(Base):
     LAYOUTS = [("timm", 4, None), ("torch-mha", 4, None), ("hf-bert", 2, None),
-               ("gpt2", 4, None), ("llama", 4, 2)]
+               ("gpt2", 4, None), ("llama", 4, 2), ("distilbert", 2, None), ("t5", 2, None),
+               ("whisper", 4, None), ("albert", 2, None), ("gpt-neox", 4, None),
+               ("falcon", 4, 2), ("falcon", 4, 1)]
 
     def test_safetensors_f64_every_layout(self):
         rng = np.random.default_rng(SEED)
         for layout, heads, kv in self.LAYOUTS:
             with self.subTest(layout=layout):
                 t, proj = make_model(layout, rng, heads=heads, kv_heads=kv)
-                p = self.path("f64", layout, "model.safetensors")
+                p = self.path("f64", f"{layout}-{kv}", "model.safetensors")
                 save_file(t, p, metadata={"format": "np"})
                 args = ["--heads", heads] + (["--kv-heads", kv] if kv else [])
                 doc = analyze_json(p, *args, "--per-head")
@@ -277,16 +308,16 @@ class TestAnalyzeLayouts(Base):
             with self.subTest(layout=layout):
                 t, proj = make_model(layout, rng, heads=heads, kv_heads=kv, dtype=np.float32)
                 args = ["--heads", heads] + (["--kv-heads", kv] if kv else [])
-                p = self.path("npz", layout + ".npz")
+                p = self.path("npz", f"{layout}-{kv}.npz")
                 np.savez(p, **t)
                 rep = analyze_json(p, *args, "--per-head")["checkpoints"][0]
                 self.assertEqual(rep["source"], "npz")
                 self.check_report(rep, proj, heads, kv or heads)
-                pc = self.path("npz", layout + "_c.npz")
+                pc = self.path("npz", f"{layout}-{kv}_c.npz")
                 np.savez_compressed(pc, **t)
                 repc = analyze_json(pc, *args, "--per-head")["checkpoints"][0]
                 self.assertEqual(repc["layers"], rep["layers"])
-                dd = self.path("npydir", layout, "x")[:-2]
+                dd = self.path("npydir", f"{layout}-{kv}", "x")[:-2]
                 for k, v in t.items():
                     # some arrays in Fortran order: the reader must honour the flag
                     np.save(os.path.join(dd, k + ".npy"), np.asfortranarray(v) if "k" in k else v)
@@ -632,6 +663,42 @@ class TestJacobian(Base):
         self.assertEqual(r.returncode, 2)
         self.assertIn(xp, r.stderr)
 
+    def test_inputs_per_layer(self):
+        # One X per layer, in an .npz keyed by index or a folder keyed by layer_<index> / prefix:
+        # each layer's kappa(J) is the one a single --inputs file gives for that layer.
+        rng = np.random.default_rng(SEED + 32)
+        t, _ = make_model("timm", rng, layers=3, D=8, heads=2)
+        p = self.path("perlayer", "model.safetensors")
+        save_file(t, p)
+        Xs = [rng.standard_normal((n, 8)) for n in (5, 6, 7)]
+        base = ["--heads", 2, "--jacobian", "--method", "dense", "--no-jacobian-corrections"]
+        single = []
+        for i, X in enumerate(Xs):
+            xp = self.path("perlayer", f"X{i}.npy")
+            np.save(xp, X)
+            single.append(analyze_json(p, *base, "--inputs", xp, "--layers", i)
+                          ["checkpoints"][0]["layers"][0])
+        npz = self.path("perlayer", "hidden.npz")
+        np.savez(npz, **{"0": Xs[0], "layer_1": Xs[1], "blocks.2.attn": Xs[2]})
+        folder = self.path("perlayer", "hidden", "x")[:-2]
+        for i, X in enumerate(Xs):
+            np.save(os.path.join(folder, f"layer_{i}.npy"), X)
+        for src in (npz, folder):
+            rep = analyze_json(p, *base, "--inputs", src)["checkpoints"][0]
+            self.assertIn("one X per layer", rep["inputs"])
+            for L, S in zip(rep["layers"], single):
+                self.assertEqual(L["tokens"], S["tokens"])
+                self.assertEqual([j["J"] for j in L["jacobian"]], [j["J"] for j in S["jacobian"]])
+        self.assertEqual([L["tokens"] for L in rep["layers"]], [5, 6, 7])
+        # A layer without its X is an error naming the layer and the keys looked for.
+        os.remove(os.path.join(folder, "layer_1.npy"))
+        r = run("analyze", p, *base, "--inputs", folder, "--quiet")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("no X for layer 1 (looked for 1, layer_1, layer.1, blocks.1.attn.", r.stderr)
+        # ... but not when that layer is not selected.
+        self.assertEqual(run("analyze", p, *base, "--inputs", folder, "--layers", "0,2",
+                             "--quiet").returncode, 0)
+
     def test_synthetic_tokens_deterministic(self):
         rng = np.random.default_rng(SEED + 31)
         t, _ = make_model("timm", rng, layers=1, D=8, heads=2)
@@ -771,6 +838,89 @@ class TestGguf(Base):
                 self.path("g", "out.safetensors"), "--quiet")
         self.assertEqual(r.returncode, 2)
         self.assertIn("does not rewrite GGUF", r.stderr)
+
+
+class TestLayoutExtras(Base):
+    """--map, T5's unscaled logits and cross-attention, ALBERT's shared layer, GQA kv heads from
+    W_K's width."""
+
+    def test_map_gives_the_builtin_numbers(self):
+        rng = np.random.default_rng(SEED + 40)
+        t, proj = make_model("hf-bert", rng, heads=2)
+        renamed = {k.replace("encoder.layer.", "enc.").replace(".attention.self.", ".")
+                    .replace("query.weight", "wq").replace("key.weight", "wk")
+                    .replace("value.weight", "wv"): v for k, v in t.items()}
+        p = self.path("map", "model.safetensors")
+        save_file(renamed, p)
+        m = r"q=enc\.(\d{1,3})\.wq,k=enc\.(\d{1,3})\.wk,v=enc\.(\d{1,3})\.wv"
+        rep = analyze_json(p, "--heads", 2, "--map", m, "--per-head")["checkpoints"][0]
+        self.assertEqual(rep["layout"], "map")
+        self.assertEqual([L["index"] for L in rep["layers"]], [0, 1])
+        self.check_report(rep, proj, 2, 2)
+        # A fused Conv1D tensor (GPT-2 storage) under any name.
+        t2, proj2 = make_model("gpt2", rng, heads=4)
+        p2 = self.path("map2", "model.safetensors")
+        save_file({k.replace("h.", "tr.").replace(".attn.c_attn.weight", ".qkv"): v
+                   for k, v in t2.items()}, p2)
+        rep2 = analyze_json(p2, "--heads", 4, "--map", r"qkv=tr\.(\d+)\.qkv,storage=conv1d",
+                            "--per-head")["checkpoints"][0]
+        self.check_report(rep2, proj2, 4, 4)
+        # correct with --map writes the same slots the analysis read.
+        out = self.path("map", "fixed.safetensors")
+        r = run("correct", p, "--map", m, "--method", "lambda", "--out", out, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        from safetensors.numpy import load_file
+        f = load_file(out)
+        np.testing.assert_array_equal(f["enc.1.wk"], renamed["enc.1.wk"] + 10 * np.eye(16))
+        np.testing.assert_array_equal(f["layers_extra.1.mlp.fc1.weight"],
+                                      renamed["layers_extra.1.mlp.fc1.weight"])
+
+    def test_t5_scale_one_and_cross_attention(self):
+        rng = np.random.default_rng(SEED + 41)
+        D = 8
+        t = {}
+        for stack, kinds in (("encoder", ("0.SelfAttention",)),
+                             ("decoder", ("0.SelfAttention", "1.EncDecAttention"))):
+            for kind in kinds:
+                for n in "qkvo":
+                    t[f"{stack}.block.0.layer.{kind}.{n}.weight"] = rng.standard_normal((D, D)) * 0.3
+        p = self.path("t5", "model.safetensors")
+        save_file(t, p)
+        args = ["--heads", 2, "--jacobian", "--tokens", 6, "--no-jacobian-corrections"]
+        rep = analyze_json(p, *args)["checkpoints"][0]
+        self.assertEqual(rep["layout"], "t5")
+        self.assertEqual(num(rep["scale"]), 1.0)
+        L = rep["layers"]
+        self.assertEqual([x["prefix"] for x in L],
+                         ["encoder.block.0.layer.0.SelfAttention.",
+                          "decoder.block.0.layer.0.SelfAttention.",
+                          "decoder.block.0.layer.1.EncDecAttention."])
+        self.assertEqual([x["attention"] for x in L], ["self", "self", "cross"])
+        self.assertNotIn("jacobian", L[2])
+        self.assertIn("cross-attention: kappa(J) not computed", L[2]["note"])
+        self.assertIn("not divided by sqrt(d_k)", L[0]["note"])
+        # The encoder layer's kappa(J) is that of scale 1, as --map with --scale 1 computes it.
+        enc = {k: v for k, v in t.items() if k.startswith("encoder.")}
+        p2 = self.path("t5", "enc_only.safetensors")
+        save_file(enc, p2)
+        m = r"q=(encoder)\.block\.0.*\.q\.weight,k=(encoder)\.block\.0.*\.k\.weight,v=(encoder)\.block\.0.*\.v\.weight"
+        for scale, same in (("1", True), ("0.5", False)):
+            ref = analyze_json(p2, *args, "--map", m, "--scale", scale)["checkpoints"][0]
+            for h in range(2):
+                a = L[0]["jacobian"][h]["J"]["kappa"]
+                b = ref["layers"][0]["jacobian"][h]["J"]["kappa"]
+                self.assertEqual(a == b, same, (scale, h, a, b))
+        table = run("analyze", p, *args, "--quiet")
+        self.assertEqual(table.returncode, 0, table.stderr)
+        self.assertIn("layer 2 (decoder.block.0.layer.1.EncDecAttention.): cross-attention", table.stdout)
+
+    def test_gqa_kv_heads_from_w_k(self):
+        rng = np.random.default_rng(SEED + 42)
+        t, proj = make_model("llama", rng, heads=4, kv_heads=2)
+        p = self.path("gqa", "model.safetensors")
+        save_file(t, p)
+        rep = analyze_json(p, "--heads", 4, "--per-head")["checkpoints"][0]  # no --kv-heads
+        self.check_report(rep, proj, 4, 2)
 
 
 class TestBadFiles(Base):

@@ -58,3 +58,30 @@ def test_errors_name_the_file(tmp_path):
         ck.matrix("nosuch")
     with pytest.raises(sc.CheckpointError, match="expected a 2-D matrix"):
         ck.matrix("bias")
+
+
+def test_packed_layers_need_heads_and_map(tmp_path):
+    # GPT-NeoX's fused tensor interleaves q, k, v per head: its slots exist once heads are known.
+    rng = np.random.default_rng(3)
+    D, h = 8, 4
+    d = D // h
+    T = rng.standard_normal((3 * D, D)).astype(np.float32)
+    p = tmp_path / "neox.npz"
+    np.savez(p, **{"gpt_neox.layers.0.attention.query_key_value.weight": T,
+                   "enc.0.wq": T[:D], "enc.0.wk": T[D:2 * D], "enc.0.wv": T[2 * D:]})
+    ck = sc.open_checkpoint(p)
+    with pytest.raises(sc.CheckpointError, match="pass heads= to find them"):
+        ck.layers()
+    (L,) = ck.layers(heads=h)
+    assert L["layout"] == "gpt-neox" and L["kv_heads"] == h and L["d_k"] == d
+    q = L["q"]
+    assert (q["block"], q["stride"]) == (d, 3 * d)
+    W = ck.projection(q["tensor"], q["transposed"], q["offset"], q["width"], q["block"],
+                      q["stride"])
+    G = T.astype(np.float64).reshape(h, 3, d, D)
+    np.testing.assert_array_equal(W, np.concatenate([G[j, 0].T for j in range(h)], axis=1))
+    with pytest.raises(ValueError, match="outside"):
+        ck.projection(q["tensor"], True, 5, q["width"], q["block"], q["stride"])  # ends at row 25 of 24
+    # --map's expressions, from Python.
+    (M,) = ck.layers(map=r"q=enc\.(\d+)\.wq,k=enc\.(\d+)\.wk,v=enc\.(\d+)\.wv")
+    assert M["layout"] == "map" and M["k"]["tensor"] == "enc.0.wk" and not M["cross"]
