@@ -185,6 +185,65 @@ TEST_CASE("open_checkpoint: finds PyTorch checkpoints by their bytes, in files a
         io::CheckpointFormat::Pytorch);
 }
 
+TEST_CASE("open_checkpoint: a sharded PyTorch checkpoint (pytorch_model.bin.index.json)") {
+  // Two shards: a legacy-format BERT and a zip-format MHA model, each tensor mapped to its shard.
+  const io::PytorchFile bert(data("bert_legacy.bin")), mha(data("mha_zip.bin"));
+  auto index = [&](const std::string& extra) {
+    std::string j = R"({"metadata": {"total_size": 1}, "weight_map": {)";
+    bool first = true;
+    for (const auto& [file, shard] : {std::pair<const io::PytorchFile*, const char*>{&bert, "a.bin"},
+                                      {&mha, "b.bin"}})
+      for (const std::string& n : file->names()) {
+        j += (first ? "" : ", ") + ("\"" + n + "\": \"" + shard + "\"");
+        first = false;
+      }
+    return j + extra + "}}";
+  };
+  TempDir d;
+  fs::copy_file(data("bert_legacy.bin"), d.path / "a.bin");
+  fs::copy_file(data("mha_zip.bin"), d.path / "b.bin");
+  d.write("pytorch_model.bin.index.json", index(""));
+  const io::CheckpointReader r = io::open_checkpoint(d.path.string());
+  CHECK(r.format() == io::CheckpointFormat::Pytorch);
+  CHECK(r.pytorch() == nullptr);  // no single file
+  CHECK(r.names().size() == bert.names().size() + mha.names().size());
+  const std::string q = "encoder.layer.1.attention.self.query.weight";
+  const std::string w = "layers.0.self_attn.in_proj_weight";
+  CHECK(r.matrix(q) == bert.matrix(q));
+  CHECK(r.matrix(w) == mha.matrix(w));
+  CHECK(r.file_of(w) == (d.path / "b.bin").string());
+  CHECK(r.pytorch_for(q)->path() == (d.path / "a.bin").string());
+  CHECK(r.directory() == d.path.string());
+  // The index file itself opens the same checkpoint.
+  CHECK(io::open_checkpoint((d.path / "pytorch_model.bin.index.json").string()).matrix(q) ==
+        bert.matrix(q));
+
+  // The index and the shards are checked against each other, both ways, naming what is wrong.
+  TempDir e;
+  fs::copy_file(data("bert_legacy.bin"), e.path / "a.bin");
+  fs::copy_file(data("mha_zip.bin"), e.path / "b.bin");
+  e.write("pytorch_model.bin.index.json", index(R"(, "ghost.weight": "a.bin")"));
+  const io::CheckpointReader re = io::open_checkpoint(e.path.string());
+  CHECK_THROWS_WITH_AS(re.matrix(q), doctest::Contains("tensor 'ghost.weight' is not in shard"),
+                       io::IoError);
+  e.write("pytorch_model.bin.index.json",
+          R"({"weight_map": {"encoder.layer.0.attention.self.query.weight": "a.bin"}})");
+  CHECK_THROWS_WITH_AS(
+      io::open_checkpoint(e.path.string()).shape("encoder.layer.0.attention.self.query.weight"),
+      doctest::Contains("is not listed in the index"), io::IoError);
+  e.write("pytorch_model.bin.index.json", R"({"weight_map": {"x": "missing.bin"}})");
+  CHECK_THROWS_WITH_AS(io::open_checkpoint(e.path.string()),
+                       doctest::Contains("shard 'missing.bin' of tensor 'x' does not exist"),
+                       io::IoError);
+  e.write("pytorch_model.bin.index.json", R"({"weight_map": {"x": "../a.bin"}})");
+  CHECK_THROWS_WITH_AS(io::open_checkpoint(e.path.string()),
+                       doctest::Contains("not a relative path inside the directory"), io::IoError);
+  e.write("not_torch.bin", std::string("\x02\0\0\0\0\0\0\0{}", 10));  // a safetensors file
+  e.write("pytorch_model.bin.index.json", R"({"weight_map": {"x": "not_torch.bin"}})");
+  CHECK_THROWS_WITH_AS(io::open_checkpoint(e.path.string()).shape("x"),
+                       doctest::Contains("that is not a PyTorch checkpoint"), io::IoError);
+}
+
 TEST_CASE("open_checkpoint: any other format is named, with the supported ones") {
   TempDir d;
   const std::string h5 = d.write("model.h5", std::string("\x89HDF\r\n\x1a\n", 8) + "rest");

@@ -5,7 +5,9 @@
 //   npz          a NumPy .npz archive (numpy.savez or savez_compressed); array name = tensor name.
 //   npy-dir      a directory of .npy files; file name without ".npy" = tensor name.
 //   pytorch      a torch.save checkpoint (.bin, .pt, .pth; zip or legacy format), read by a
-//                restricted unpickler that never runs code (io/pytorch.hpp).
+//                restricted unpickler that never runs code (io/pytorch.hpp), or a sharded one
+//                (pytorch_model.bin.index.json), its shards opened on first use and checked
+//                against the index both ways, as for safetensors.
 //   gguf         a llama.cpp GGUF file (io/gguf.hpp), quantized tensors dequantized; for
 //                architecture "llama" the converter's Q/K row permutation is undone.
 //
@@ -60,18 +62,6 @@ inline const char* to_string(CheckpointFormat k) {
       return "gguf";
   }
   return "unknown";
-}
-
-/// True for the names a layout of detect_layers can match (MATH.md §8): only these tensors'
-/// shapes are needed to find the attention layers, so only their shards are opened.
-inline bool attention_candidate(const std::string& name) {
-  static const char* suffixes[] = {"qkv.weight",    "in_proj_weight", "c_attn.weight",
-                                   "query.weight",  "key.weight",     "value.weight",
-                                   "q_proj.weight", "k_proj.weight",  "v_proj.weight",
-                                   "attn_q.weight", "attn_k.weight",  "attn_v.weight"};
-  for (const char* s : suffixes)
-    if (detail::ends_with(name, s)) return true;
-  return false;
 }
 
 /// Maps a .npy descr to the safetensors dtype a corrected tensor is written back in.
@@ -165,7 +155,13 @@ class CheckpointReader {
       open_directory(path);
       return;
     }
-    open_file(path, detail::sniff_format(path));
+    const CheckpointFormat f = detail::sniff_format(path);
+    // An index names its shards: a PyTorch one (pytorch_model.bin.index.json) is read here, a
+    // safetensors one by io::Checkpoint.
+    if (f == CheckpointFormat::Safetensors && detail::ends_with(path, ".bin.index.json"))
+      open_pytorch_index(path);
+    else
+      open_file(path, f);
   }
 
   CheckpointFormat format() const { return kind_; }
@@ -175,14 +171,21 @@ class CheckpointReader {
   std::string directory() const {
     if (kind_ == CheckpointFormat::NpyDir) return path_;
     if (kind_ == CheckpointFormat::Safetensors) return detail::dir_of(ckpt_->path());
-    if (kind_ == CheckpointFormat::Pytorch) return detail::dir_of(pt_->path());
+    if (kind_ == CheckpointFormat::Pytorch) return detail::dir_of(pt_ ? pt_->path() : pt_index_path_);
     if (kind_ == CheckpointFormat::Gguf) return detail::dir_of(gguf_->path());
     return detail::dir_of(path_);
   }
   /// The safetensors checkpoint, or nullptr for other sources.
   const Checkpoint* checkpoint() const { return ckpt_.get(); }
-  /// The PyTorch checkpoint, or nullptr for other sources.
+  /// The PyTorch checkpoint, or nullptr for other sources and for a sharded one.
   const PytorchFile* pytorch() const { return pt_.get(); }
+  /// The PyTorch file (the single one, or the shard, opened now) that holds `name`; nullptr for
+  /// other sources.
+  const PytorchFile* pytorch_for(const std::string& name) const {
+    if (pt_) return pt_.get();
+    if (kind_ != CheckpointFormat::Pytorch) return nullptr;
+    return &pt_shard_for(name);
+  }
   /// The GGUF file, or nullptr for other sources.
   const GgufFile* gguf() const { return gguf_.get(); }
 
@@ -192,14 +195,17 @@ class CheckpointReader {
     return std::binary_search(names_.begin(), names_.end(), name);
   }
 
-  /// Names and shapes for detect_layers: the shape of every attention_candidate() tensor,
-  /// an empty shape for the others (never looked at, and their shards are not opened).
-  std::vector<NamedShape> layout_view() const {
+  /// Names and shapes for detect_layers: the shape of every attention_candidate() tensor (or,
+  /// with a --map, every tensor it matches), an empty shape for the others (never looked at,
+  /// and their shards are not opened).
+  std::vector<NamedShape> layout_view(const LayerMap* map = nullptr) const {
     std::vector<NamedShape> out;
+    out.reserve(names_.size());
+    const bool mapped = map && !map->empty();
     for (const std::string& n : names_) {
       NamedShape s;
       s.name = n;
-      if (attention_candidate(n)) s.shape = shape(n);
+      if (mapped ? map_candidate(*map, n) : attention_candidate(n)) s.shape = shape(n);
       out.push_back(std::move(s));
     }
     return out;
@@ -207,7 +213,7 @@ class CheckpointReader {
 
   std::vector<std::int64_t> shape(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).shape;
-    if (pt_) return pt_->info(name).shape;
+    if (const PytorchFile* pt = pytorch_for(name)) return pt->info(name).shape;
     if (gguf_) return gguf_->info(name).shape;
     return entry(name).shape;
   }
@@ -215,7 +221,7 @@ class CheckpointReader {
   /// The tensor's dtype (for npz / npy-dir sources, the one a corrected tensor is written in).
   Dtype dtype(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).dtype;
-    if (pt_) return pt_->info(name).dtype;
+    if (const PytorchFile* pt = pytorch_for(name)) return pt->info(name).dtype;
     if (gguf_) {  // a quantized tensor is read as its dequantized values: F32 is their dtype
       const GgmlType t = gguf_->info(name).type;
       return t == GgmlType::F64    ? Dtype::F64
@@ -229,7 +235,7 @@ class CheckpointReader {
   /// The file that holds `name` (for messages): the shard, the .npz or the .npy file.
   std::string file_of(const std::string& name) const {
     if (ckpt_) return ckpt_->shard_for(name).path();
-    if (pt_) return pt_->path();
+    if (const PytorchFile* pt = pytorch_for(name)) return pt->path();
     if (gguf_) return gguf_->path();
     if (kind_ == CheckpointFormat::Npz) return path_;
     return entry(name).file;
@@ -245,12 +251,12 @@ class CheckpointReader {
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
       m = ckpt_->matrix<double>(name);
-    } else if (pt_) {
-      const PytorchTensor& t = pt_->info(name);
+    } else if (const PytorchFile* pt = pytorch_for(name)) {
+      const PytorchTensor& t = pt->info(name);
       if (t.shape.size() != 2)
         throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
-      m = pt_->matrix(name);
+      m = pt->matrix(name);
     } else if (gguf_) {
       m = gguf_matrix(name);
     } else {
@@ -272,7 +278,7 @@ class CheckpointReader {
   /// An npz / npy-dir tensor of any rank (not for safetensors or PyTorch sources, whose bytes
   /// are copied: Checkpoint::bytes, PytorchFile::bytes).
   NpyArray array(const std::string& name) const {
-    if (ckpt_ || pt_ || gguf_)
+    if (ckpt_ || kind_ == CheckpointFormat::Pytorch || gguf_)
       throw IoError(path_ + ": array() reads npz and npy sources only (tensor " +
                     detail::quote(name) + ")");
     if (kind_ == CheckpointFormat::Npz) return npz_->array(name);
@@ -378,10 +384,7 @@ class CheckpointReader {
     if (!st.empty()) return open_file(dir, CheckpointFormat::Safetensors);
     const std::string bin = detail::join_path(dir, "pytorch_model.bin");
     if (detail::is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
-    if (detail::is_regular_file(bin + ".index.json"))
-      throw IoError(dir +
-                    ": a sharded PyTorch checkpoint (pytorch_model.bin.index.json) is not "
-                    "read; open one shard, or convert the model to safetensors");
+    if (detail::is_regular_file(bin + ".index.json")) return open_pytorch_index(bin + ".index.json");
     for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".gguf"}),
                               files_with(dir, {".npz"})}) {
       if (group.size() == 1) {
@@ -395,6 +398,30 @@ class CheckpointReader {
     }
     throw IoError(dir + ": the directory holds no checkpoint; looked for " +
                   detail::kSupportedFormats);
+  }
+
+  void open_pytorch_index(const std::string& p) {
+    kind_ = CheckpointFormat::Pytorch;
+    pt_index_path_ = p;
+    pt_index_ = detail::read_shard_index(p);
+    pt_shards_.resize(pt_index_.shard_paths.size());
+    for (const auto& kv : pt_index_.weight_map) names_.push_back(kv.first);
+  }
+
+  const PytorchFile& pt_shard_for(const std::string& name) const {
+    auto it = pt_index_.weight_map.find(name);
+    if (it == pt_index_.weight_map.end())
+      throw IoError(pt_index_path_ + ": no tensor " + detail::quote(name));
+    const std::size_t k = it->second;
+    if (!pt_shards_[k]) {
+      const std::string& sp = pt_index_.shard_paths[k];
+      if (detail::sniff_format(sp) != CheckpointFormat::Pytorch)
+        throw IoError(sp + ": a shard of " + pt_index_path_ + " that is not a PyTorch checkpoint");
+      auto f = std::make_unique<PytorchFile>(sp);
+      detail::check_shard(pt_index_, k, f->names(), pt_index_path_);
+      pt_shards_[k] = std::move(f);
+    }
+    return *pt_shards_[k];
   }
 
   void open_npy_dir(const std::string& dir) {
@@ -436,6 +463,11 @@ class CheckpointReader {
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<NpzFile> npz_;
   std::unique_ptr<PytorchFile> pt_;
+  // A sharded PyTorch checkpoint (pytorch_model.bin.index.json): its index, and each shard
+  // opened on first use and checked against it.
+  std::string pt_index_path_;
+  detail::ShardIndex pt_index_;
+  mutable std::vector<std::unique_ptr<PytorchFile>> pt_shards_;
   std::unique_ptr<GgufFile> gguf_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> names_;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 namespace spectral_cond {
@@ -46,6 +47,74 @@ inline bool safe_relative_name(const std::string& s) {
   return true;
 }
 
+/// A sharded checkpoint's index (model.safetensors.index.json, pytorch_model.bin.index.json):
+/// tensor -> shard, and the shard files, which must all exist as regular files.
+struct ShardIndex {
+  std::map<std::string, std::size_t> weight_map;  ///< tensor -> position in shard_paths
+  std::vector<std::string> shard_paths;           ///< sorted by name (…-00001-of-N first)
+};
+
+/// Reads an index strictly (duplicate keys, a weight_map of strings, shard names relative and
+/// inside the directory, every shard a regular file) and registers each shard as an input that
+/// no output may replace, before any is opened. Throws IoError naming the index and the tensor.
+inline ShardIndex read_shard_index(const std::string& p) {
+  const MappedFile f(p);
+  const char* b = reinterpret_cast<const char*>(f.data());
+  const nlohmann::json j = parse_json_strict(b, b + f.size(), p + ": index");
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw IoError(p + ": index: no \"weight_map\" object");
+  const std::string dir = dir_of(p);
+  std::map<std::string, std::string> wm;          // tensor -> shard name
+  std::map<std::string, std::string> first_user;  // shard name -> a tensor naming it
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it->is_string())
+      throw IoError(p + ": index: shard of tensor " + quote(it.key()) + " is not a string");
+    const std::string shard = it->get<std::string>();
+    if (!safe_relative_name(shard))
+      throw IoError(p + ": index: tensor " + quote(it.key()) + " names shard " + quote(shard) +
+                    ", not a relative path inside the directory");
+    wm.emplace(it.key(), shard);
+    first_user.emplace(shard, it.key());
+  }
+  ShardIndex out;
+  std::map<std::string, std::size_t> shard_index;
+  for (const auto& kv : first_user) {
+    const std::string sp = join_path(dir, kv.first);
+    struct stat st {};
+    if (::stat(sp.c_str(), &st) != 0)
+      throw IoError(p + ": index: shard " + quote(kv.first) + " of tensor " + quote(kv.second) +
+                    " does not exist (" + sp + ")");
+    if (!S_ISREG(st.st_mode))
+      throw IoError(p + ": index: shard " + quote(kv.first) + " (" + sp + ") is " +
+                    file_kind(st.st_mode) + ", not a regular file");
+    note_input(st);  // never to be overwritten, even before it is opened
+    shard_index.emplace(kv.first, out.shard_paths.size());
+    out.shard_paths.push_back(sp);
+  }
+  for (const auto& kv : wm) out.weight_map.emplace(kv.first, shard_index.at(kv.second));
+  return out;
+}
+
+/// Checks shard k, just opened, against the index both ways: it holds every tensor the index
+/// maps to it, and every tensor it holds is mapped to it (one the index does not list would be
+/// silently ignored, and dropped by a rewrite).
+inline void check_shard(const ShardIndex& ix, std::size_t k, const std::vector<std::string>& names,
+                        const std::string& index_path) {
+  const std::string& sp = ix.shard_paths[k];
+  const std::set<std::string> have(names.begin(), names.end());
+  for (const auto& kv : ix.weight_map)
+    if (kv.second == k && !have.count(kv.first))
+      throw IoError(index_path + ": index: tensor " + quote(kv.first) + " is not in shard " + sp);
+  for (const std::string& n : names) {
+    auto it = ix.weight_map.find(n);
+    if (it == ix.weight_map.end())
+      throw IoError(sp + ": tensor " + quote(n) + " is not listed in the index " + index_path);
+    if (it->second != k)
+      throw IoError(sp + ": tensor " + quote(n) + " is also in this shard, but the index " +
+                    index_path + " maps it to " + ix.shard_paths[it->second]);
+  }
+}
+
 }  // namespace detail
 
 /// All tensors of a checkpoint: a single .safetensors file, a model.safetensors.index.json
@@ -63,8 +132,8 @@ class Checkpoint {
     } else {
       path_ = p;
       shards_.push_back(std::make_unique<SafetensorsFile>(p));
-      shard_paths_.push_back(p);
-      for (const auto& t : shards_[0]->tensors()) weight_map_.emplace(t.name, 0);
+      ix_.shard_paths.push_back(p);
+      for (const auto& t : shards_[0]->tensors()) ix_.weight_map.emplace(t.name, 0);
     }
   }
 
@@ -72,20 +141,20 @@ class Checkpoint {
   const std::string& path() const { return path_; }
   bool sharded() const { return sharded_; }
   /// Shard files, sorted by name.
-  const std::vector<std::string>& shard_paths() const { return shard_paths_; }
+  const std::vector<std::string>& shard_paths() const { return ix_.shard_paths; }
 
   /// All tensor names, sorted.
   std::vector<std::string> names() const {
     std::vector<std::string> n;
-    for (const auto& kv : weight_map_) n.push_back(kv.first);
+    for (const auto& kv : ix_.weight_map) n.push_back(kv.first);
     return n;
   }
-  bool contains(const std::string& name) const { return weight_map_.count(name) != 0; }
+  bool contains(const std::string& name) const { return ix_.weight_map.count(name) != 0; }
 
   /// The shard holding `name` (opened now if needed); IoError when the index lacks it.
   const SafetensorsFile& shard_for(const std::string& name) const {
-    auto it = weight_map_.find(name);
-    if (it == weight_map_.end())
+    auto it = ix_.weight_map.find(name);
+    if (it == ix_.weight_map.end())
       throw IoError(path_ + ": checkpoint: no tensor " + detail::quote(name));
     return shard(it->second);
   }
@@ -109,7 +178,7 @@ class Checkpoint {
 
   /// "__metadata__" of the single file, or of the first shard of a sharded checkpoint.
   const std::map<std::string, std::string>& metadata() const {
-    if (shard_paths_.empty()) return empty_metadata_;
+    if (ix_.shard_paths.empty()) return empty_metadata_;
     return shard(0).metadata();
   }
 
@@ -147,65 +216,19 @@ class Checkpoint {
   void open_index(const std::string& p) {
     path_ = p;
     sharded_ = true;
-    const MappedFile f(p);
-    const char* b = reinterpret_cast<const char*>(f.data());
-    const nlohmann::json j = parse_json_strict(b, b + f.size(), p + ": index");
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw IoError(p + ": index: no \"weight_map\" object");
-    const std::string dir = detail::dir_of(p);
-    std::map<std::string, std::string> wm;          // tensor -> shard name
-    std::map<std::string, std::string> first_user;  // shard name -> a tensor naming it
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string())
-        throw IoError(p + ": index: shard of tensor " + detail::quote(it.key()) +
-                      " is not a string");
-      const std::string shard = it->get<std::string>();
-      if (!detail::safe_relative_name(shard))
-        throw IoError(p + ": index: tensor " + detail::quote(it.key()) + " names shard " +
-                      detail::quote(shard) + ", not a relative path inside the directory");
-      wm.emplace(it.key(), shard);
-      first_user.emplace(shard, it.key());
-    }
-    // Shards in name order (model-00001-of-N first); each must exist now, opened on first use.
-    std::map<std::string, std::size_t> shard_index;
-    for (const auto& kv : first_user) {
-      const std::string sp = detail::join_path(dir, kv.first);
-      struct stat st {};
-      if (::stat(sp.c_str(), &st) != 0)
-        throw IoError(p + ": index: shard " + detail::quote(kv.first) + " of tensor " +
-                      detail::quote(kv.second) + " does not exist (" + sp + ")");
-      if (!S_ISREG(st.st_mode))
-        throw IoError(p + ": index: shard " + detail::quote(kv.first) + " (" + sp + ") is " +
-                      detail::file_kind(st.st_mode) + ", not a regular file");
-      note_input(st);  // never to be overwritten, even before it is opened
-      shard_index.emplace(kv.first, shard_paths_.size());
-      shard_paths_.push_back(sp);
-    }
-    for (const auto& kv : wm) weight_map_.emplace(kv.first, shard_index.at(kv.second));
-    shards_.resize(shard_paths_.size());
+    ix_ = detail::read_shard_index(p);
+    shards_.resize(ix_.shard_paths.size());
   }
 
-  /// Opens shard k on first use and checks that it holds every tensor the index maps to it.
+  /// Opens shard k on first use and checks it against the index (detail::check_shard).
   const SafetensorsFile& shard(std::size_t k) const {
     std::lock_guard<std::mutex> lock(*mutex_);
     if (!shards_[k]) {
-      auto f = std::make_unique<SafetensorsFile>(shard_paths_[k]);
-      for (const auto& kv : weight_map_) {
-        if (kv.second == k && !f->contains(kv.first))
-          throw IoError(path_ + ": index: tensor " + detail::quote(kv.first) + " is not in shard " +
-                        shard_paths_[k]);
-      }
-      // The other way round too: a tensor the index does not map to this shard would be
-      // silently ignored (and dropped by a rewrite).
-      for (const auto& t : f->tensors()) {
-        auto it = weight_map_.find(t.name);
-        if (it == weight_map_.end())
-          throw IoError(shard_paths_[k] + ": tensor " + detail::quote(t.name) +
-                        " is not listed in the index " + path_);
-        if (it->second != k)
-          throw IoError(shard_paths_[k] + ": tensor " + detail::quote(t.name) +
-                        " is also in this shard, but the index " + path_ + " maps it to " +
-                        shard_paths_[it->second]);
+      auto f = std::make_unique<SafetensorsFile>(ix_.shard_paths[k]);
+      if (sharded_) {
+        std::vector<std::string> names;
+        for (const auto& t : f->tensors()) names.push_back(t.name);
+        detail::check_shard(ix_, k, names, path_);
       }
       shards_[k] = std::move(f);
     }
@@ -214,8 +237,7 @@ class Checkpoint {
 
   std::string path_;
   bool sharded_ = false;
-  std::vector<std::string> shard_paths_;
-  std::map<std::string, std::size_t> weight_map_;
+  detail::ShardIndex ix_;  // tensor -> shard, and the shard files
   mutable std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::unique_ptr<std::mutex> mutex_;
   std::map<std::string, std::string> empty_metadata_;
