@@ -3,6 +3,7 @@
 
 #include "support/test_helpers.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -188,7 +189,7 @@ TEST_CASE("name patterns: word boundaries, numbers, and no regex") {
   CHECK(std::string(layout_of("blocks.0.attn.qkv.weight", {12, 4})) == "timm");
   CHECK(std::string(layout_of("model.vit.blocks.11.attn.qkv.weight", {12, 4})) == "timm");
   CHECK(std::string(layout_of("myblocks.0.attn.qkv.weight", {12, 4})) == "none");  // no boundary
-  CHECK(std::string(layout_of("blocks.x.attn.qkv.weight", {12, 4})) == "none");  // no number
+  CHECK(std::string(layout_of("blocks.x.attn.qkv.weight", {12, 4})) == "none");    // no number
   CHECK(std::string(layout_of("blocks.0.attn.qkv.weight.bak", {12, 4})) == "none");
   CHECK(std::string(layout_of("in_proj_weight", {12, 4})) == "torch-mha");
   CHECK(std::string(layout_of("layer1/in_proj_weight", {12, 4})) == "torch-mha");
@@ -199,6 +200,36 @@ TEST_CASE("name patterns: word boundaries, numbers, and no regex") {
   CHECK(attention_candidate("transformer.h.3.self_attention.query_key_value.weight"));
   CHECK(attention_candidate("encoder.block.0.layer.0.SelfAttention.q.weight"));
   CHECK_FALSE(attention_candidate("encoder.block.0.layer.1.DenseReluDense.wi.weight"));
+}
+
+TEST_CASE("layer numbers: a leading number, and model order where names carry none") {
+  // torch.save of an nn.Sequential of MultiheadAttention modules: "0.in_proj_weight", ...
+  std::vector<NamedShape> seq;
+  for (int i = 0; i < 11; ++i) seq.push_back({std::to_string(i) + ".in_proj_weight", {12, 4}});
+  std::sort(seq.begin(), seq.end(),
+            [](const NamedShape& a, const NamedShape& b) { return a.name < b.name; });
+  auto s = detect_layers(seq, Layout::Auto, "seq");
+  REQUIRE(s.layers.size() == 11);
+  for (int i = 0; i < 11; ++i) {
+    CHECK(s.layers[static_cast<std::size_t>(i)].index == i);
+    CHECK(s.layers[static_cast<std::size_t>(i)].prefix == std::to_string(i) + ".");
+  }
+  // --map groups that are not numbers: ordered with their digits compared as numbers.
+  const LayerMap m = parse_layer_map(R"(q=(enc\.\d+)\.wq,k=(enc\.\d+)\.wk,v=(enc\.\d+)\.wv)");
+  std::vector<NamedShape> ts;
+  for (int i : {10, 2, 1})
+    for (const char* r : {"wq", "wk", "wv"})
+      ts.push_back({"enc." + std::to_string(i) + "." + r, {4, 4}});
+  auto r = detect_layers(ts, Layout::Auto, "f", &m);
+  REQUIRE(r.layers.size() == 3);
+  CHECK(r.layers[0].prefix == "enc.1");
+  CHECK(r.layers[1].prefix == "enc.2");
+  CHECK(r.layers[2].prefix == "enc.10");
+  CHECK(r.layers[2].index == 2);
+  CHECK(io::detail::natural_less("a9", "a10"));
+  CHECK_FALSE(io::detail::natural_less("a10", "a9"));
+  CHECK(io::detail::natural_less("a", "a0"));
+  CHECK_FALSE(io::detail::natural_less("a007", "a7"));
 }
 
 TEST_CASE("ALBERT: one shared layer, reported once with the layers it stands for") {
@@ -212,22 +243,51 @@ TEST_CASE("ALBERT: one shared layer, reported once with the layers it stands for
   REQUIRE(m.layers.size() == 1);
   CHECK(m.layers[0].shared);
   CHECK(m.layers[0].prefix == p);
+  CHECK(m.layers[0].group == 0);
   HeadConfig c;
-  CHECK(shared_by(m.layers[0], c, 0) == "every layer (num_hidden_layers unknown)");
+  CHECK(shared_by(m.layers[0], c) == "every layer (num_hidden_layers unknown)");
   c.hidden_layers = 12;
-  CHECK(shared_by(m.layers[0], c, 0) == "layers 0-11");
-  c.hidden_groups = 3;  // layer l uses group l / 4
-  CHECK(shared_by(m.layers[0], c, 1) == "layers 4-7");
+  CHECK(shared_by(m.layers[0], c) == "layers 0-11");
+  AttentionLayerSpec g = m.layers[0];
+  c.hidden_groups = 3;  // layer l uses group floor(3 l / 12)
+  g.group = 1;
+  CHECK(shared_by(g, c) == "layers 4-7");
+  c.hidden_groups = 5;  // Hugging Face's int(l / 2.4): groups 0..4 take 0-2, 3-4, 5-7, 8-9, 10-11
+  const char* want[] = {"layers 0-2", "layers 3-4", "layers 5-7", "layers 8-9", "layers 10-11"};
+  for (int k = 0; k < 5; ++k) {
+    g.group = k;
+    CHECK(shared_by(g, c) == want[k]);
+  }
+  g.group = 5;
+  CHECK(shared_by(g, c) == "no layer (group 5 of 5)");
+  c.hidden_layers = INT64_MAX;  // a hostile config: no overflow, no range
+  CHECK(shared_by(g, c) == "layers unknown (num_hidden_layers or num_hidden_groups beyond 2^31)");
   AttentionLayerSpec plain;
-  CHECK(shared_by(plain, c, 0).empty());
+  CHECK(shared_by(plain, c).empty());
+  // Two inner layers of one group (inner_group_num = 2): both are group 0's.
+  auto two = detect_layers(
+      names(
+          {{p + "query.weight", {8, 8}},
+           {p + "key.weight", {8, 8}},
+           {p + "value.weight", {8, 8}},
+           {"albert.encoder.albert_layer_groups.0.albert_layers.1.attention.query.weight", {8, 8}},
+           {"albert.encoder.albert_layer_groups.0.albert_layers.1.attention.key.weight", {8, 8}},
+           {"albert.encoder.albert_layer_groups.0.albert_layers.1.attention.value.weight",
+            {8, 8}}}),
+      Layout::Auto, "albert2");
+  REQUIRE(two.layers.size() == 2);
+  CHECK(two.layers[1].group == 0);
+  CHECK(two.layers[1].index == 1);
+  CHECK(two.layers[1].prefix == "albert.encoder.albert_layer_groups.0.albert_layers.1.attention.");
 }
 
 TEST_CASE("DistilBERT, RoBERTa, DeiT") {
-  auto d = detect_layers(names({{"distilbert.transformer.layer.5.attention.q_lin.weight", {8, 8}},
-                                {"distilbert.transformer.layer.5.attention.k_lin.weight", {8, 8}},
-                                {"distilbert.transformer.layer.5.attention.v_lin.weight", {8, 8}},
-                                {"distilbert.transformer.layer.5.attention.out_lin.weight", {8, 8}}}),
-                         Layout::Auto, "distilbert");
+  auto d =
+      detect_layers(names({{"distilbert.transformer.layer.5.attention.q_lin.weight", {8, 8}},
+                           {"distilbert.transformer.layer.5.attention.k_lin.weight", {8, 8}},
+                           {"distilbert.transformer.layer.5.attention.v_lin.weight", {8, 8}},
+                           {"distilbert.transformer.layer.5.attention.out_lin.weight", {8, 8}}}),
+                    Layout::Auto, "distilbert");
   CHECK(d.layout == Layout::DistilBert);
   CHECK(d.layers[0].index == 5);
   CHECK(d.layers[0].v.tensor == "distilbert.transformer.layer.5.attention.v_lin.weight");
@@ -256,12 +316,10 @@ TEST_CASE("T5 and Whisper: two stacks, self- and cross-attention, numbered in mo
   CHECK(t.layout == Layout::T5);
   REQUIRE(t.layers.size() == 6);
   // Encoder first; numbers repeat across the stacks, so layers are numbered 0..5 in order.
-  const char* prefixes[] = {"encoder.block.0.layer.0.SelfAttention.",
-                            "encoder.block.1.layer.0.SelfAttention.",
-                            "decoder.block.0.layer.0.SelfAttention.",
-                            "decoder.block.0.layer.1.EncDecAttention.",
-                            "decoder.block.1.layer.0.SelfAttention.",
-                            "decoder.block.1.layer.1.EncDecAttention."};
+  const char* prefixes[] = {
+      "encoder.block.0.layer.0.SelfAttention.", "encoder.block.1.layer.0.SelfAttention.",
+      "decoder.block.0.layer.0.SelfAttention.", "decoder.block.0.layer.1.EncDecAttention.",
+      "decoder.block.1.layer.0.SelfAttention.", "decoder.block.1.layer.1.EncDecAttention."};
   for (int i = 0; i < 6; ++i) {
     CHECK(t.layers[static_cast<std::size_t>(i)].index == i);
     CHECK(t.layers[static_cast<std::size_t>(i)].prefix == prefixes[i]);
@@ -331,8 +389,9 @@ TEST_CASE("GPT-NeoX and Falcon: Q, K, V interleaved by head group in one tensor"
 
   // Falcon-40B style: 4 query heads in 2 groups, each group [q, q, k, v] of d rows.
   const Mat<double> F = sc_test::randn<double>(16, 8, rng);
-  auto f = detect_layers(names({{"transformer.h.2.self_attention.query_key_value.weight", {16, 8}}}),
-                         Layout::Auto, "falcon");
+  auto f =
+      detect_layers(names({{"transformer.h.2.self_attention.query_key_value.weight", {16, 8}}}),
+                    Layout::Auto, "falcon");
   CHECK(f.layout == Layout::Falcon);
   CHECK(f.layers[0].index == 2);
   AttentionLayerSpec G = f.layers[0];
@@ -346,8 +405,9 @@ TEST_CASE("GPT-NeoX and Falcon: Q, K, V interleaved by head group in one tensor"
   CHECK(FK.middleCols(2, 2) == F.middleRows(12, 2).transpose());
   CHECK(FV.middleCols(2, 2) == F.middleRows(14, 2).transpose());
   // Falcon-7B: multi-query, [q x 4, k, v]: one key/value head.
-  auto f7 = detect_layers(names({{"transformer.h.0.self_attention.query_key_value.weight", {12, 8}}}),
-                          Layout::Falcon, "falcon7b");
+  auto f7 =
+      detect_layers(names({{"transformer.h.0.self_attention.query_key_value.weight", {12, 8}}}),
+                    Layout::Falcon, "falcon7b");
   AttentionLayerSpec M = f7.layers[0];
   CHECK(resolve_heads(M, c, "falcon7b").kv_heads == 1);
   CHECK(M.k.offset == 8);
@@ -373,7 +433,8 @@ TEST_CASE("GPT-NeoX and Falcon: Q, K, V interleaved by head group in one tensor"
 }
 
 TEST_CASE("--map: any model's names by regular expression") {
-  const LayerMap m = parse_layer_map(R"(q=enc\.(\d{1,3})\.wq,k=enc\.(\d{1,3})\.wk,v=enc\.(\d{1,3})\.wv)");
+  const LayerMap m =
+      parse_layer_map(R"(q=enc\.(\d{1,3})\.wq,k=enc\.(\d{1,3})\.wk,v=enc\.(\d{1,3})\.wv)");
   CHECK(m.q == R"(enc\.(\d{1,3})\.wq)");  // the comma inside {1,3} stays in the expression
   CHECK(m.v == R"(enc\.(\d{1,3})\.wv)");
   std::vector<NamedShape> ts = {{"enc.1.wq", {4, 6}}, {"enc.1.wk", {2, 6}}, {"enc.1.wv", {2, 6}},
@@ -390,9 +451,12 @@ TEST_CASE("--map: any model's names by regular expression") {
   CHECK(r.layers[1].k.width == 2);
   // Groups that are not a number: layers numbered in order of their groups.
   const LayerMap named = parse_layer_map(R"(q=(\w+)\.wq,k=(\w+)\.wk,v=(\w+)\.wv)");
-  auto nm = detect_layers(names({{"decoder.wq", {4, 4}}, {"decoder.wk", {4, 4}},
-                                 {"decoder.wv", {4, 4}}, {"encoder.wq", {4, 4}},
-                                 {"encoder.wk", {4, 4}}, {"encoder.wv", {4, 4}}}),
+  auto nm = detect_layers(names({{"decoder.wq", {4, 4}},
+                                 {"decoder.wk", {4, 4}},
+                                 {"decoder.wv", {4, 4}},
+                                 {"encoder.wq", {4, 4}},
+                                 {"encoder.wk", {4, 4}},
+                                 {"encoder.wv", {4, 4}}}),
                           Layout::Auto, "f", &named);
   REQUIRE(nm.layers.size() == 2);
   CHECK(nm.layers[0].prefix == "encoder");  // the decoder's layers come after the encoder's
@@ -430,5 +494,16 @@ TEST_CASE("--map: any model's names by regular expression") {
   CHECK_THROWS_WITH_AS(parse_layer_map("qkv=a,storage=rows"),
                        doctest::Contains("storage must be linear or conv1d"), IoError);
   CHECK_THROWS_WITH_AS(parse_layer_map("q=a,q=b"), "--map: q given twice", IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=c,storage=conv1d"),
+                       "--map: storage=conv1d applies to a fused qkv tensor only", IoError);
+  // W_K and W_V of a layer whose W_Q the expression misses: an error, never a dropped layer.
+  const LayerMap partial = parse_layer_map(R"(q=x\.(\d)\.q,k=x\.(\d)\.k,v=x\.(\d)\.v)");
+  CHECK_THROWS_WITH_AS(detect_layers(names({{"x.0.q", {4, 4}},
+                                            {"x.0.k", {4, 4}},
+                                            {"x.0.v", {4, 4}},
+                                            {"x.1.k", {4, 4}},
+                                            {"x.1.v", {4, 4}}}),
+                                     Layout::Auto, "f", &partial),
+                       "f: --map: layer '1' has x.1.k (k) but no q tensor matches", IoError);
   CHECK(parse_layer_map("").empty());
 }

@@ -112,8 +112,8 @@ struct CheckpointReport {
   io::HeadConfig head_config;
   double lambda = 10;
   std::optional<double> target;
-  Index tokens = 0;  ///< the largest N of the layers' X for κ(J) (0: no Jacobian)
-  std::string inputs;                                       ///< "X.npy" or "synthetic (seed S)"
+  Index tokens = 0;    ///< the largest N of the layers' X for κ(J) (0: no Jacobian)
+  std::string inputs;  ///< "X.npy" or "synthetic (seed S)"
   double scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN: 1/sqrt(d_k)
   bool causal = false;
   std::vector<LayerStats> layers;
@@ -291,8 +291,10 @@ class LayerInputs {
       per_layer_ = std::make_unique<io::CheckpointReader>(path);
       const auto f = per_layer_->format();
       if (f != CheckpointFormat::Npz && f != CheckpointFormat::NpyDir)
-        throw BadInput(path + ": --inputs: expected an .npy file, an .npz or a folder of .npy "
-                              "files (one X per layer), found " + to_string(f));
+        throw BadInput(path +
+                       ": --inputs: expected an .npy file, an .npz or a folder of .npy "
+                       "files (one X per layer), found " +
+                       to_string(f));
     } else {
       X_ = load_matrix(path, "X");
       check(X_, path);
@@ -300,9 +302,7 @@ class LayerInputs {
   }
   bool empty() const { return path_.empty(); }
   /// What the report says the inputs were.
-  std::string describe() const {
-    return per_layer_ ? path_ + " (one X per layer)" : path_;
-  }
+  std::string describe() const { return per_layer_ ? path_ + " (one X per layer)" : path_; }
   /// X of layer L; `which` is set to where it came from, for messages.
   Mat<double> for_layer(const io::AttentionLayerSpec& L, std::string& which) const {
     if (!per_layer_) {
@@ -407,9 +407,8 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     LayerStats ls;
     ls.spec = L;
     ls.heads = H;
-    ls.shared_by = io::shared_by(L, hc, L.index);
-    if (L.unscaled)
-      ls.note = "logits are not divided by sqrt(d_k) in this model (T5)";
+    ls.shared_by = io::shared_by(L, hc);
+    if (L.unscaled) ls.note = "logits are not divided by sqrt(d_k) in this model (T5)";
     // Read this layer's tensors once each (q, k, v may share one fused tensor).
     std::map<std::string, Mat<double>> tensors;
     auto proj = [&](const io::ProjectionSlot& s) {
@@ -469,9 +468,10 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     tick(1);
 
     if (o.jacobian && L.cross) {
-      ls.note = "cross-attention: kappa(J) not computed (its queries and its keys and values "
-                "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
-                (ls.note.empty() ? std::string() : "; " + ls.note);
+      ls.note =
+          "cross-attention: kappa(J) not computed (its queries and its keys and values "
+          "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
+          (ls.note.empty() ? std::string() : "; " + ls.note);
     } else if (o.jacobian) {
       std::string x_from = "synthetic tokens";
       Mat<double> X;

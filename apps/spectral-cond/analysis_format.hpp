@@ -10,9 +10,9 @@
 
 #include <cmath>
 #include <iomanip>
+#include <set>
 #include <sstream>
 #include <string>
-#include <set>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -236,10 +236,10 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
         const auto& J = t.J;
         o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head << ','
           << matrix << ",," << jacobian_rows(L.tokens, L.heads.d_v) << ','
-          << jacobian_cols(JacobianBlock::All, L.tokens, L.spec.D, L.heads.d_k, L.heads.d_v)
-          << ',' << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ','
-          << g(J.kappa_plus) << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ','
-          << g(t.bound) << ',' << g(t.bound_plus) << ',' << (t.holds_plus ? "true" : "false");
+          << jacobian_cols(JacobianBlock::All, L.tokens, L.spec.D, L.heads.d_k, L.heads.d_v) << ','
+          << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ',' << g(J.kappa_plus)
+          << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ',' << g(t.bound) << ','
+          << g(t.bound_plus) << ',' << (t.holds_plus ? "true" : "false");
         if (t.have_diagnostics) {
           const AttentionPattern& p = t.diagnostics.pattern;
           o << ',' << g(t.free_bound.bound) << ','

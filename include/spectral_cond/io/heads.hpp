@@ -20,12 +20,12 @@ namespace io {
 
 /// Head counts of a model: from the command line or a config.json.
 struct HeadConfig {
-  std::int64_t heads = 0;     ///< 0: unknown
-  std::int64_t kv_heads = 0;  ///< 0: equal to heads
-  std::int64_t hidden = 0;    ///< D when the config states it, else 0
+  std::int64_t heads = 0;          ///< 0: unknown
+  std::int64_t kv_heads = 0;       ///< 0: equal to heads
+  std::int64_t hidden = 0;         ///< D when the config states it, else 0
   std::int64_t hidden_layers = 0;  ///< num_hidden_layers (ALBERT's shared layers), else 0
   std::int64_t hidden_groups = 0;  ///< num_hidden_groups (ALBERT), else 0
-  std::string source;         ///< where the numbers came from, for reports
+  std::string source;              ///< where the numbers came from, for reports
 };
 
 /// The head counts of a parsed Hugging Face style config: num_attention_heads / n_head,
@@ -141,17 +141,24 @@ inline LayerHeads resolve_heads(AttentionLayerSpec& L, const HeadConfig& c,
   return h;
 }
 
-/// Which layers a shared (ALBERT) layer stands for, from num_hidden_layers and
-/// num_hidden_groups: "layers 0-11", or "every layer" when the config does not say.
-inline std::string shared_by(const AttentionLayerSpec& L, const HeadConfig& c,
-                             std::int64_t group) {
+/// Which layers a shared (ALBERT) layer stands for, from num_hidden_layers L and
+/// num_hidden_groups G: layer l runs group floor(l G / L) (Hugging Face's l / (L / G), in exact
+/// arithmetic), so group g is used by layers ceil(g L / G) .. ceil((g + 1) L / G) - 1: "layers
+/// 0-11", or "every layer" when the config does not say.
+inline std::string shared_by(const AttentionLayerSpec& L, const HeadConfig& c) {
   if (!L.shared) return {};
   if (c.hidden_layers < 1) return "every layer (num_hidden_layers unknown)";
-  const std::int64_t groups = c.hidden_groups > 0 ? c.hidden_groups : 1;
-  // Hugging Face's ALBERT: layer l uses group l / (layers / groups).
-  const std::int64_t per = std::max<std::int64_t>(c.hidden_layers / groups, 1);
-  const std::int64_t first = group * per, last = std::min(c.hidden_layers, first + per) - 1;
-  if (first > last) return "no layer (group " + std::to_string(group) + " is unused)";
+  const std::int64_t layers = c.hidden_layers, groups = c.hidden_groups > 0 ? c.hidden_groups : 1;
+  const std::int64_t g = L.group >= 0 ? L.group : 0;
+  constexpr std::int64_t kMax = std::int64_t{1} << 31;  // products below stay under 2^63
+  if (layers > kMax || groups > kMax)
+    return "layers unknown (num_hidden_layers or num_hidden_groups beyond 2^31)";
+  if (g >= groups)
+    return "no layer (group " + std::to_string(g) + " of " + std::to_string(groups) + ")";
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  const std::int64_t first = ceil_div(g * layers, groups);
+  const std::int64_t last = ceil_div((g + 1) * layers, groups) - 1;
+  if (first > last) return "no layer (group " + std::to_string(L.group) + " is unused)";
   return first == last ? "layer " + std::to_string(first)
                        : "layers " + std::to_string(first) + "-" + std::to_string(last);
 }

@@ -45,8 +45,10 @@ inline LayerMap parse_layer_map(const std::string& text) {
   while (pos < text.size()) {
     const std::string key = key_at(pos);
     if (key.empty())
-      throw IoError("--map: expected q=REGEX,k=REGEX,v=REGEX or qkv=REGEX (optionally "
-                    "storage=linear|conv1d), got " + detail::quote(text.substr(pos), 80));
+      throw IoError(
+          "--map: expected q=REGEX,k=REGEX,v=REGEX or qkv=REGEX (optionally "
+          "storage=linear|conv1d), got " +
+          detail::quote(text.substr(pos), 80));
     std::size_t start = pos + key.size() + 1, end = start;
     while (end < text.size() && !(text[end] == ',' && !key_at(end + 1).empty())) ++end;
     if (!items.emplace(key, text.substr(start, end - start)).second)
@@ -65,9 +67,14 @@ inline LayerMap parse_layer_map(const std::string& text) {
   const bool separate = !m.q.empty() || !m.k.empty() || !m.v.empty();
   if (separate && !m.qkv.empty()) throw IoError("--map: give either q, k and v or qkv, not both");
   if (separate && (m.q.empty() || m.k.empty() || m.v.empty()))
-    throw IoError(std::string("--map: ") + (m.q.empty() ? "q" : m.k.empty() ? "k" : "v") +
+    throw IoError(std::string("--map: ") +
+                  (m.q.empty()   ? "q"
+                   : m.k.empty() ? "k"
+                                 : "v") +
                   " is missing (q, k and v go together)");
   if (!separate && m.qkv.empty()) throw IoError("--map: no q, k, v or qkv expression");
+  if (separate && m.conv1d)
+    throw IoError("--map: storage=conv1d applies to a fused qkv tensor only");
   auto compile = [&](const char* what, const std::string& re, std::regex& out) {
     if (re.empty()) return;
     try {

@@ -105,9 +105,10 @@ struct AttentionLayerSpec {
   std::string prefix;  ///< the name prefix shared by its tensors, e.g. "blocks.3.attn."
   ProjectionSlot q, k, v;
   std::int64_t D = 0;
-  bool cross = false;   ///< cross-attention (queries from one stream, keys and values another)
-  bool shared = false;  ///< one set of weights used by several layers (ALBERT)
-  bool unscaled = false;  ///< logits not divided by sqrt(d_k) (T5 folds it into W_Q)
+  bool cross = false;       ///< cross-attention (queries from one stream, keys and values another)
+  bool shared = false;      ///< one set of weights used by several layers (ALBERT)
+  std::int64_t group = -1;  ///< a shared layer's group (ALBERT's albert_layer_groups.g), else -1
+  bool unscaled = false;    ///< logits not divided by sqrt(d_k) (T5 folds it into W_Q)
   /// A fused tensor [rows, D] whose Q, K, V interleave by head group (GPT-NeoX, Falcon, BLOOM):
   /// the slots are filled by resolve_heads once the head count is known. 0: not packed.
   std::int64_t packed_rows = 0;

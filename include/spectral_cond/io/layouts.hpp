@@ -119,10 +119,10 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
         ++n_looks;
         break;
       }
-  std::string msg = file + ": no attention layers found" +
-                    (requested == Layout::Auto
-                         ? std::string(" (looked for the ") + kLayoutNames + " layouts)"
-                         : std::string(" in layout ") + to_string(requested));
+  std::string msg =
+      file + ": no attention layers found" +
+      (requested == Layout::Auto ? std::string(" (looked for the ") + kLayoutNames + " layouts)"
+                                 : std::string(" in layout ") + to_string(requested));
   if (!looks.empty()) {
     msg += "; tensors that look like attention: ";
     for (std::size_t i = 0; i < looks.size(); ++i) msg += (i ? ", " : "") + looks[i];

@@ -48,7 +48,7 @@ class NamePattern {
   struct Match {
     std::array<std::string, 3> numbers;  ///< the digits of each "#", in pattern order
     std::array<int, 3> choice{};         ///< the word chosen by each "{...}", in pattern order
-    int projection = -1;               ///< 0, 1, 2 for the "<...>" word; -1 if none
+    int projection = -1;                 ///< 0, 1, 2 for the "<...>" word; -1 if none
     std::size_t proj_begin = 0, proj_end = 0;  ///< where that word is in the name
     std::size_t prefix_end = 0;                ///< where "~" fell
   };
@@ -209,7 +209,8 @@ inline const std::vector<std::pair<LayoutRule, NamePattern>>& layout_rules() {
          Storage::Separate, "encoder_attn"},
         {Layout::Llama, "*layers.#.self_attn.~<q|k|v>_proj.weight", Storage::Separate},
         {Layout::Gguf, "blk.#.attn_~<q|k|v>.weight", Storage::Separate},
-        {Layout::Albert, "*albert_layer_groups.#.albert_layers.#.attention.~<query|key|value>.weight",
+        {Layout::Albert,
+         "*albert_layer_groups.#.albert_layers.#.attention.~<query|key|value>.weight",
          Storage::Separate, nullptr, true},
         {Layout::DistilBert, "*layer.#.attention.~<q|k|v>_lin.weight", Storage::Separate},
         {Layout::T5, "*block.#.layer.#.{SelfAttention|EncDecAttention}.~<q|k|v>.weight",
@@ -225,17 +226,18 @@ inline const std::vector<std::pair<LayoutRule, NamePattern>>& layout_rules() {
   return rules;
 }
 
-/// The layer's number: the first "#" of the pattern, else the last ".<digits>." in the prefix
-/// (torch-mha), else -1 (numbered by order later).
+/// The layer's number: the first "#" of the pattern, else the last "<digits>." in the prefix
+/// that starts it or follows a "." (torch-mha), else -1 (numbered by order later).
 inline std::int64_t layer_number(const std::string& first_number, const std::string& prefix) {
   std::string d = first_number;
   if (d.empty()) {
-    // The last ".<digits>." of the prefix.
-    for (std::size_t i = 0; i + 2 < prefix.size(); ++i) {
-      if (prefix[i] != '.' || !(prefix[i + 1] >= '0' && prefix[i + 1] <= '9')) continue;
-      std::size_t j = i + 1;
+    // The last "<digits>." of the prefix that starts it or follows a ".": "layers.3.", "3.".
+    for (std::size_t i = 0; i + 1 < prefix.size(); ++i) {
+      if (i > 0 && prefix[i - 1] != '.') continue;
+      if (!(prefix[i] >= '0' && prefix[i] <= '9')) continue;
+      std::size_t j = i;
       while (j < prefix.size() && prefix[j] >= '0' && prefix[j] <= '9') ++j;
-      if (j < prefix.size() && prefix[j] == '.') d = prefix.substr(i + 1, j - i - 1);
+      if (j < prefix.size() && prefix[j] == '.') d = prefix.substr(i, j - i);
     }
   }
   if (d.empty() || d.size() > 9) return -1;
@@ -297,10 +299,10 @@ inline void separate_slots(AttentionLayerSpec& L, const NamedShape& q, const Nam
 }
 
 /// The layers one built-in rule finds.
-inline std::vector<Found> match_rule(const std::vector<NamedShape>& ts, const LayoutRule& rule,
-                                     const NamePattern& pat,
-                                     const std::unordered_map<std::string_view, const NamedShape*>& by_name,
-                                     const std::string& file) {
+inline std::vector<Found> match_rule(
+    const std::vector<NamedShape>& ts, const LayoutRule& rule, const NamePattern& pat,
+    const std::unordered_map<std::string_view, const NamedShape*>& by_name,
+    const std::string& file) {
   std::vector<Found> out;
   const std::vector<std::string> words = pat.projection_words();
   NamePattern::Match m;
@@ -312,6 +314,8 @@ inline std::vector<Found> match_rule(const std::vector<NamedShape>& ts, const La
     f.number = layer_number(m.numbers[0], f.spec.prefix);
     f.stack = stack_of(f.spec.prefix);
     f.spec.shared = rule.shared;
+    if (rule.shared && !m.numbers[0].empty() && m.numbers[0].size() <= 9)
+      f.spec.group = std::stoll(m.numbers[0]);
     f.spec.unscaled = rule.unscaled;
     if (rule.cross_word)
       for (std::size_t a = 0; a < m.choice.size(); ++a)
@@ -380,18 +384,21 @@ inline std::vector<Found> match_map(const std::vector<NamedShape>& ts, const Lay
       if (!std::regex_match(t.name, sm, *res[r])) continue;
       const std::string id = id_of(sm);
       if (!role[r].emplace(id, &t).second)
-        throw IoError(file + ": --map " + roles[r] + " matches two tensors for layer " +
-                      quote(id) + " (" + role[r][id]->name + ", " + t.name +
+        throw IoError(file + ": --map " + roles[r] + " matches two tensors for layer " + quote(id) +
+                      " (" + role[r][id]->name + ", " + t.name +
                       "); use a capture group for the layer number");
     }
   }
+  for (int r = 1; r < 3; ++r)
+    for (const auto& kv : role[r])
+      if (!role[0].count(kv.first))
+        throw IoError(file + ": --map: layer " + quote(kv.first) + " has " + kv.second->name +
+                      " (" + roles[r] + ") but no q tensor matches");
   for (const auto& [id, q] : role[0]) {
     for (int r = 1; r < 3; ++r)
       if (!role[r].count(id))
-        throw IoError(file + ": --map: layer " + quote(id) + " has W_Q " + q->name +
-                      " but no " + roles[r] + " tensor matches");
-    if (map.conv1d)
-      throw IoError("--map: storage=conv1d applies to a fused qkv tensor only");
+        throw IoError(file + ": --map: layer " + quote(id) + " has W_Q " + q->name + " but no " +
+                      roles[r] + " tensor matches");
     Found f = found(id.empty() ? q->name : id);
     separate_slots(f.spec, *q, *role[1][id], *role[2][id], file);
     out.push_back(std::move(f));
@@ -399,14 +406,42 @@ inline std::vector<Found> match_map(const std::vector<NamedShape>& ts, const Lay
   return out;
 }
 
-/// Sorts the found layers (encoder before decoder, then by number, self before cross) and
+/// Sorts the found layers (encoder before decoder, then by number, self before cross, then by
+/// prefix with numbers compared as numbers) and
 /// numbers them: by the numbers in their names when those are unique, else 0, 1, 2, ... in that
 /// order (two stacks, or names without numbers).
+/// a < b with runs of digits compared as numbers ("enc.2" before "enc.10").
+inline bool natural_less(const std::string& a, const std::string& b) {
+  std::size_t i = 0, j = 0;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      std::size_t i0 = i, j0 = j;
+      while (i0 < a.size() && a[i0] == '0') ++i0;  // leading zeros do not count
+      while (j0 < b.size() && b[j0] == '0') ++j0;
+      std::size_t i1 = i0, j1 = j0;
+      while (i1 < a.size() && digit(a[i1])) ++i1;
+      while (j1 < b.size() && digit(b[j1])) ++j1;
+      if (i1 - i0 != j1 - j0) return i1 - i0 < j1 - j0;
+      const int c = a.compare(i0, i1 - i0, b, j0, j1 - j0);
+      if (c != 0) return c < 0;
+      i = i1;
+      j = j1;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
 inline std::vector<AttentionLayerSpec> number_layers(std::vector<Found> fs) {
   std::stable_sort(fs.begin(), fs.end(), [](const Found& a, const Found& b) {
     if (a.stack != b.stack) return a.stack < b.stack;
     if (a.number != b.number) return a.number < b.number;
-    return a.spec.cross < b.spec.cross;
+    if (a.spec.cross != b.spec.cross) return a.spec.cross < b.spec.cross;
+    return natural_less(a.spec.prefix, b.spec.prefix);
   });
   std::set<std::int64_t> seen;
   bool unique = true;
