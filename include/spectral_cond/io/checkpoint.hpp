@@ -39,6 +39,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -171,7 +172,8 @@ class CheckpointReader {
   std::string directory() const {
     if (kind_ == CheckpointFormat::NpyDir) return path_;
     if (kind_ == CheckpointFormat::Safetensors) return detail::dir_of(ckpt_->path());
-    if (kind_ == CheckpointFormat::Pytorch) return detail::dir_of(pt_ ? pt_->path() : pt_index_path_);
+    if (kind_ == CheckpointFormat::Pytorch)
+      return detail::dir_of(pt_ ? pt_->path() : pt_index_path_);
     if (kind_ == CheckpointFormat::Gguf) return detail::dir_of(gguf_->path());
     return detail::dir_of(path_);
   }
@@ -384,7 +386,8 @@ class CheckpointReader {
     if (!st.empty()) return open_file(dir, CheckpointFormat::Safetensors);
     const std::string bin = detail::join_path(dir, "pytorch_model.bin");
     if (detail::is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
-    if (detail::is_regular_file(bin + ".index.json")) return open_pytorch_index(bin + ".index.json");
+    if (detail::is_regular_file(bin + ".index.json"))
+      return open_pytorch_index(bin + ".index.json");
     for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".gguf"}),
                               files_with(dir, {".npz"})}) {
       if (group.size() == 1) {
@@ -413,6 +416,7 @@ class CheckpointReader {
     if (it == pt_index_.weight_map.end())
       throw IoError(pt_index_path_ + ": no tensor " + detail::quote(name));
     const std::size_t k = it->second;
+    std::lock_guard<std::mutex> lock(*pt_mutex_);  // shards open lazily, as io::Checkpoint's do
     if (!pt_shards_[k]) {
       const std::string& sp = pt_index_.shard_paths[k];
       if (detail::sniff_format(sp) != CheckpointFormat::Pytorch)
@@ -468,6 +472,7 @@ class CheckpointReader {
   std::string pt_index_path_;
   detail::ShardIndex pt_index_;
   mutable std::vector<std::unique_ptr<PytorchFile>> pt_shards_;
+  std::unique_ptr<std::mutex> pt_mutex_ = std::make_unique<std::mutex>();
   std::unique_ptr<GgufFile> gguf_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> names_;
