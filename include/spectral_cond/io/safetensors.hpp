@@ -275,7 +275,9 @@ inline SafetensorsHeader parse_safetensors_header(const std::uint8_t* data, std:
   // Entries are checked in name order, so that of two bad entries the same one is named
   // whatever order the file lists them in; equal neighbours are duplicate keys.
   auto& es = sax.entries;
-  auto by_name = [](const detail::RawEntry& x, const detail::RawEntry& y) { return x.name < y.name; };
+  auto by_name = [](const detail::RawEntry& x, const detail::RawEntry& y) {
+    return x.name < y.name;
+  };
   if (!std::is_sorted(es.begin(), es.end(), by_name)) std::sort(es.begin(), es.end(), by_name);
   for (std::size_t i = 1; i < es.size(); ++i)
     if (es[i].name == es[i - 1].name)

@@ -25,7 +25,7 @@ struct RawEntry {
   bool has_dtype = false, dtype_is_string = false;
   std::string dtype;
   bool has_shape = false, shape_is_array = false, shape_bad = false;
-  std::size_t shape_len = 0;          ///< entries in the array (only the first 65 are kept)
+  std::size_t shape_len = 0;  ///< entries in the array (only the first 65 are kept)
   std::vector<std::uint64_t> shape;
   bool has_offsets = false, offsets_is_array = false, offsets_bad = false;
   std::size_t offsets_len = 0;
@@ -33,8 +33,7 @@ struct RawEntry {
 };
 
 /// The checks of parse_safetensors_header on one entry; throws IoError naming the tensor.
-inline TensorInfo check_entry(const std::string& file, const RawEntry& e,
-                              std::uint64_t data_size) {
+inline TensorInfo check_entry(const std::string& file, const RawEntry& e, std::uint64_t data_size) {
   const std::string& name = e.name;
   if (!e.is_object) st_fail(file, name, "entry is not an object");
   if (!e.unexpected.empty()) st_fail(file, name, "unexpected field " + quote(e.unexpected));
@@ -165,8 +164,10 @@ class SafetensorsSax {
       return false;
     }
     if (depth_ == 1) {
-      if (in_metadata_) metadata_not_object = true;
-      else entries.back().is_object = false;
+      if (in_metadata_)
+        metadata_not_object = true;
+      else
+        entries.back().is_object = false;
       return true;
     }
     if (depth_ == 2 && in_metadata_) {
@@ -193,12 +194,16 @@ class SafetensorsSax {
     if (depth_ == 3 && !in_metadata_ && array3_) {
       RawEntry& e = entries.back();
       if (field_ == 2) {
-        if (kind != Kind::Unsigned || u > static_cast<std::uint64_t>(INT64_MAX)) e.shape_bad = true;
-        else if (e.shape.size() <= 64) e.shape.push_back(u);
+        if (kind != Kind::Unsigned || u > static_cast<std::uint64_t>(INT64_MAX))
+          e.shape_bad = true;
+        else if (e.shape.size() <= 64)
+          e.shape.push_back(u);
         ++e.shape_len;
       } else if (field_ == 4) {
-        if (kind != Kind::Unsigned) e.offsets_bad = true;
-        else if (e.offsets_len < 2) e.offsets[e.offsets_len] = u;
+        if (kind != Kind::Unsigned)
+          e.offsets_bad = true;
+        else if (e.offsets_len < 2)
+          e.offsets[e.offsets_len] = u;
         ++e.offsets_len;
       }
     }
@@ -215,8 +220,10 @@ class SafetensorsSax {
       return false;
     }
     if (depth_ == 1) {
-      if (in_metadata_) metadata_not_object = metadata_not_object || !object;
-      else if (!object) entries.back().is_object = false;
+      if (in_metadata_)
+        metadata_not_object = metadata_not_object || !object;
+      else if (!object)
+        entries.back().is_object = false;
       fields_ = 0;
       field_ = 0;
     } else if (depth_ == 2 && !in_metadata_) {
