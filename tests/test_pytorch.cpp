@@ -191,8 +191,8 @@ TEST_CASE("open_checkpoint: a sharded PyTorch checkpoint (pytorch_model.bin.inde
   auto index = [&](const std::string& extra) {
     std::string j = R"({"metadata": {"total_size": 1}, "weight_map": {)";
     bool first = true;
-    for (const auto& [file, shard] : {std::pair<const io::PytorchFile*, const char*>{&bert, "a.bin"},
-                                      {&mha, "b.bin"}})
+    for (const auto& [file, shard] :
+         {std::pair<const io::PytorchFile*, const char*>{&bert, "a.bin"}, {&mha, "b.bin"}})
       for (const std::string& n : file->names()) {
         j += (first ? "" : ", ") + ("\"" + n + "\": \"" + shard + "\"");
         first = false;

@@ -89,8 +89,8 @@ nb::object projection_py(const io::CheckpointReader& r, const std::string& tenso
     const std::int64_t groups = width / block;
     if (rows - offset < block || groups - 1 > (rows - offset - block) / stride) outside();
   }
-  io::ProjectionSlot s{tensor, transposed, offset, width, stride > 0 ? block : 0,
-                       stride > 0 ? stride : 0};
+  io::ProjectionSlot s{
+      tensor, transposed, offset, width, stride > 0 ? block : 0, stride > 0 ? stride : 0};
   return to_numpy<double>(Mat<double>(io::extract_projection(s, T)));
 }
 
