@@ -10,6 +10,7 @@ The functions are the library's (docs/MATH.md has every formula; docs/python.md 
 - attention_diagnostics: the attention pattern, J's block norms, the bound without hypothesis
   (§5, §11)
 - exact_correction, lambda_correction, lambda_identity: the corrections (§6–7)
+- open_checkpoint, analyze: a checkpoint on disk, and the tool's analyze of it as rows (§8)
 
 Arrays: numpy float32/float64 (C or Fortran order; Fortran-order arrays are read in place) or
 PyTorch CPU tensors (read through a detached view). Matrices follow MATH.md §1: X is N x D,
@@ -41,6 +42,9 @@ from ._results import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointAnalysis",
+    "MatrixAnalysis",
+    "analyze",
     "AttentionDiagnostics",
     "Checkpoint",
     "CheckpointError",
@@ -225,3 +229,6 @@ def lambda_identity(D: int, heads: int, d_head: int, placement: str = "fused"):
     'fused' is the rectangular identity I(D, heads d_head); 'per-head' gives each head's D x d
     block its own I(D, d)."""
     return _core.lambda_identity(D, heads, d_head, placement)
+
+
+from ._analyze import CheckpointAnalysis, MatrixAnalysis, analyze  # noqa: E402

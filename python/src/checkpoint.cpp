@@ -10,6 +10,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,11 @@ nb::list layers_py(const io::CheckpointReader& r, const std::string& layout,
   const io::LayerMap map = io::parse_layer_map(map_text);
   io::LayoutMatch m =
       io::detect_layers(r.layout_view(&map), io::parse_layout(layout), r.path(), &map);
+  // num_hidden_layers / num_hidden_groups of a config.json beside it, for ALBERT's shared_by.
+  io::HeadConfig layer_config;
+  const std::filesystem::path cfg = std::filesystem::path(r.directory()) / "config.json";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(cfg, ec)) layer_config = io::read_head_config(cfg.string());
   io::HeadConfig hc;
   hc.heads = heads;
   hc.kv_heads = kv_heads;
@@ -55,6 +61,8 @@ nb::list layers_py(const io::CheckpointReader& r, const std::string& layout,
     }
     d["cross"] = L.cross;
     d["shared"] = L.shared;
+    d["group"] = L.group;
+    d["shared_by"] = io::shared_by(L, layer_config);
     d["unscaled"] = L.unscaled;
     d["layout"] = std::string(io::to_string(m.layout));
     d["index"] = L.index;
@@ -132,6 +140,20 @@ void bind_checkpoint(nb::module_& m) {
            nb::arg("heads") = 0, nb::arg("kv_heads") = 0)
       .def("projection", &projection_py, nb::arg("tensor"), nb::arg("transposed"),
            nb::arg("offset"), nb::arg("width"), nb::arg("block") = 0, nb::arg("stride") = 0);
+  m.def(
+      "read_head_config",
+      [](const std::string& path) {
+        const io::HeadConfig c = io::read_head_config(path);
+        nb::dict d;
+        d["heads"] = c.heads;
+        d["kv_heads"] = c.kv_heads;
+        d["hidden"] = c.hidden;
+        d["hidden_layers"] = c.hidden_layers;
+        d["hidden_groups"] = c.hidden_groups;
+        d["source"] = c.source;
+        return d;
+      },
+      nb::arg("path"), "io::read_head_config: the head counts of a config.json (0: not stated)");
   m.def(
       "open_checkpoint",
       [](const std::string& path) {
