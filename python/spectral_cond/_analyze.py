@@ -1,4 +1,5 @@
-"""spectral_cond.analyze: the tool's `analyze` for a checkpoint on disk, from Python.
+"""spectral_cond.analyze: the tool's `analyze` for a checkpoint on disk, from Python (the layers of
+MATH.md §8; the corrections of §6-7).
 
 Every number comes from the library's calls (open_checkpoint, layers, kappa, lambda_identity,
 exact_correction): kappa of W_Q, W_K, W_V of every attention layer (and of every head's block),
@@ -63,7 +64,7 @@ def _heads(ck, heads: Optional[int], kv_heads: Optional[int]):
         raise ValueError(f"{ck.path}: the number of heads is unknown; pass heads= (and kv_heads= "
                          "for grouped-query models) or put a config.json beside the checkpoint")
     source = "heads=" if heads else cfg
-    return h, kv, c, source
+    return h, kv, source
 
 
 def analyze(path, heads: Optional[int] = None, kv_heads: Optional[int] = None,
@@ -76,7 +77,7 @@ def analyze(path, heads: Optional[int] = None, kv_heads: Optional[int] = None,
     from . import kappa, lambda_identity, exact_correction, open_checkpoint
 
     ck = open_checkpoint(path)
-    h, kv, _, source = _heads(ck, heads, kv_heads)
+    h, kv, source = _heads(ck, heads, kv_heads)
     out = CheckpointAnalysis()
     out.heads_from = source
     for L in ck.layers(layout=layout, map=map, heads=h, kv_heads=kv):

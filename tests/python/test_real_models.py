@@ -150,6 +150,21 @@ class RxnmapperAlbert(Checks):
     def setUpClass(cls):
         cls.dir = os.path.join(MODELS, "rxnmapper-albert")
         cls.path = os.path.join(cls.dir, "pytorch_model.bin")
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ref = None  # the tensors as torch.load reads them (float64), read once when needed
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def torch_reference(self):
+        if not TORCH_PY:
+            self.skipTest("no .venv-py with torch (scripts/setup-python)")
+        if type(self).ref is None:
+            p = os.path.join(self.tmp.name, "ref.npz")
+            torch_to_npz(self.path, p)
+            type(self).ref = dict(np.load(p))
+        return type(self).ref
 
     def test_layout_and_shared_layer(self):
         rep = analyze_json(self.dir)
@@ -164,30 +179,21 @@ class RxnmapperAlbert(Checks):
         self.assertIn("shared by layers 0-11", t.stdout)
 
     def test_analyze_against_torch_and_numpy(self):
-        if not TORCH_PY:
-            self.skipTest("no .venv-py with torch (scripts/setup-python)")
-        with tempfile.TemporaryDirectory() as d:
-            ref = os.path.join(d, "ref.npz")
-            torch_to_npz(self.path, ref)
-            T = np.load(ref)
-            rep = analyze_json(self.path, "--heads", "8", "--per-head")
-            L = rep["layers"][0]
-            p = L["prefix"]
-            for role, name in (("W_Q", "query"), ("W_K", "key"), ("W_V", "value")):
-                W = T[p + name + ".weight"].T
-                self.check_matrix(L[role], W, role)
-                for h, H in enumerate(L["per_head"]):
-                    s = svals(W[:, h * 32:(h + 1) * 32])
-                    got = float(H[role]["kappa"])
-                    self.assertLessEqual(abs(got - s[0] / s[-1]), RTOL * s[0] / s[-1], (role, h))
+        T = self.torch_reference()
+        rep = analyze_json(self.path, "--heads", "8", "--per-head")
+        L = rep["layers"][0]
+        p = L["prefix"]
+        for role, name in (("W_Q", "query"), ("W_K", "key"), ("W_V", "value")):
+            W = T[p + name + ".weight"].T
+            self.check_matrix(L[role], W, role)
+            for h, H in enumerate(L["per_head"]):
+                s = svals(W[:, h * 32:(h + 1) * 32])
+                got = float(H[role]["kappa"])
+                self.assertLessEqual(abs(got - s[0] / s[-1]), RTOL * s[0] / s[-1], (role, h))
 
     def test_correct_writes_safetensors(self):
-        if not TORCH_PY:
-            self.skipTest("no .venv-py with torch (scripts/setup-python)")
+        T = self.torch_reference()
         with tempfile.TemporaryDirectory() as d:
-            ref = os.path.join(d, "ref.npz")
-            torch_to_npz(self.path, ref)
-            T = np.load(ref)
             out = os.path.join(d, "fixed.safetensors")
             r = run("correct", self.dir, "--method", "exact", "--out", out, "--quiet")
             self.assertEqual(r.returncode, 0, r.stderr)

@@ -67,10 +67,10 @@ struct LayerHeads {
 
 namespace detail {
 
-/// Fills the slots of a packed layer (GPT-NeoX, Falcon, BLOOM) from the head count: the fused
-/// tensor holds h_kv groups of (h / h_kv) query heads, one key head and one value head, each
+/// Fills the slots of a packed layer (GPT-NeoX, Falcon, BLOOM; MATH.md §8) from the head count: the
+/// fused tensor holds h_kv groups of (h / h_kv) query heads, one key head and one value head, each
 /// d = D / h rows; h_kv follows from the row count (h_kv = h: one group per head, GPT-NeoX).
-inline void resolve_packing(AttentionLayerSpec& L, const HeadConfig& c, const std::string& file,
+inline void resolve_packing(AttentionLayerSpec& L, const HeadConfig& c,
                             const std::function<void(const std::string&)>& bad) {
   const std::int64_t h = c.heads, D = L.D, rows = L.packed_rows;
   if (D % h != 0)
@@ -88,7 +88,6 @@ inline void resolve_packing(AttentionLayerSpec& L, const HeadConfig& c, const st
   if (c.kv_heads > 0 && c.kv_heads != kv)
     bad("kv_heads = " + std::to_string(c.kv_heads) + " but tensor " + L.q.tensor + " holds " +
         std::to_string(kv) + " key/value heads");
-  (void)file;
   const std::int64_t r = h / kv, group = (r + 2) * d;
   L.q = {L.q.tensor, true, 0, h * d, r * d, group};
   L.k = {L.q.tensor, true, r * d, kv * d, d, group};
@@ -101,6 +100,7 @@ inline void resolve_packing(AttentionLayerSpec& L, const HeadConfig& c, const st
 /// The heads of one layer, checked against its projections: h d_k = width(W_Q),
 /// h_kv d_k = width(W_K), h_kv d_v = width(W_V); h_kv is the config's, else W_K's width / d_k.
 /// A packed layer's slots are filled here (they depend on h). Throws IoError naming the tensor.
+/// Heads split W's columns as MATH.md §8 says.
 inline LayerHeads resolve_heads(AttentionLayerSpec& L, const HeadConfig& c,
                                 const std::string& file) {
   if (c.heads < 1)
@@ -114,7 +114,7 @@ inline LayerHeads resolve_heads(AttentionLayerSpec& L, const HeadConfig& c,
     throw IoError(file + ": " + what + " (layer " + L.prefix + ", heads from " +
                   (c.source.empty() ? std::string("--heads") : c.source) + ")");
   };
-  if (L.packed_rows > 0) detail::resolve_packing(L, c, file, bad);
+  if (L.packed_rows > 0) detail::resolve_packing(L, c, bad);
   LayerHeads h;
   h.heads = c.heads;
   if (L.q.width % h.heads != 0)

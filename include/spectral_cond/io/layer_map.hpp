@@ -1,5 +1,6 @@
 // spectral_cond::io: --map, a user's own layout: regular expressions naming W_Q, W_K and W_V (or
-// one fused tensor) in a checkpoint no built-in layout knows (docs/checkpoints.md).
+// one fused tensor) in a checkpoint no built-in layout knows (MATH.md §8 for the storage,
+// docs/checkpoints.md for the syntax).
 #pragma once
 
 #include "spectral_cond/io/error.hpp"

@@ -133,12 +133,8 @@ void for_each_range(const ProjectionSlot& s, F&& f) {
 
 }  // namespace detail
 
-/// W from the tensor's matrix (entry (i, j) = T[i, j]).
+/// W from the tensor's matrix (entry (i, j) = T[i, j]), MATH.md §8.
 inline Mat<double> extract_projection(const ProjectionSlot& s, const Mat<double>& T) {
-  if (s.stride <= 0) {
-    if (s.transposed) return T.middleRows(s.offset, s.width).transpose();
-    return T.middleCols(s.offset, s.width);
-  }
   const Index D = s.transposed ? T.cols() : T.rows();
   Mat<double> W(D, s.width);
   Index c = 0;
