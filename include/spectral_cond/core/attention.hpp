@@ -1,6 +1,10 @@
-// spectral_cond: single-head attention, its JVP and VJP (MATH.md §1–2).
+// spectral_cond: single-head attention, its JVP and VJP (MATH.md §1–2, §10).
 //
-//   A = softmax_row(c Q K^T + M) V,   Q = X W_Q,  K = X W_K,  V = X W_V.
+//   A = softmax_row(c Q~ K~^T + M) V,   Q = X W_Q + 1 b_Q^T,  K = X W_K + 1 b_K^T,
+//                                       V = X W_V + 1 b_V^T,
+//
+// with Q~ = Q, K~ = K, or their rows rotated by RoPE (rope.hpp). The biases and RoPE are
+// optional (AttentionOptions); without them this is the paper's block.
 //
 // Every routine comes in two forms: an out-parameter form that writes into caller storage and
 // a workspace, allocating nothing once the buffers have their shapes (for hot loops and the GPU
@@ -9,6 +13,7 @@
 
 #include "spectral_cond/core/common.hpp"
 #include "spectral_cond/core/detail/attention_qkv.hpp"
+#include "spectral_cond/core/rope.hpp"
 
 #include <optional>
 
@@ -25,6 +30,15 @@ struct AttentionOptions {
   /// The user's additive mask, used when mask == MaskKind::Additive. Entries are finite or
   /// -inf; a row that is entirely -inf is an input error.
   Mat<Scalar> additive_mask;
+  /// Biases of the projections (MATH.md §10); an empty vector is no bias. Lengths d_k, d_k,
+  /// d_v (for a multi-head layer: the fused widths).
+  Vec<Scalar> bias_q, bias_k, bias_v;
+  /// Rotary position embeddings of Q and K (MATH.md §10); unset is none.
+  std::optional<RopeOptions> rope;
+
+  bool has_biases() const { return bias_q.size() > 0 || bias_k.size() > 0 || bias_v.size() > 0; }
+  /// Whether anything beyond the paper's block (biases, RoPE) is set.
+  bool extended() const { return has_biases() || rope.has_value(); }
 
   /// The scale actually used for key width d_k.
   Scalar resolved_scale(Index d_k) const {
@@ -44,6 +58,24 @@ struct AttentionOptions {
     }
   }
 
+  /// Throws std::invalid_argument naming `fn` when the biases or RoPE do not fit projections of
+  /// widths wq, wk, wv (d_k, d_k, d_v for one head) with heads of width d_k.
+  void check_projections(const char* fn, Index wq, Index wk, Index wv, Index d_k) const {
+    auto bias = [&](const char* name, const Vec<Scalar>& b, Index w) {
+      if (b.size() == 0) return;
+      if (b.size() != w) {
+        std::ostringstream s;
+        s << name << " must have length " << w << " (got " << b.size() << ")";
+        detail::fail(fn, s.str());
+      }
+      if (!b.allFinite()) detail::fail(fn, std::string(name) + " must be finite");
+    };
+    bias("bias_q", bias_q, wq);
+    bias("bias_k", bias_k, wk);
+    bias("bias_v", bias_v, wv);
+    if (rope) rope->check(fn, d_k);
+  }
+
   const Mat<Scalar>* additive_or_null() const {
     return mask == MaskKind::Additive ? &additive_mask : nullptr;
   }
@@ -57,6 +89,9 @@ struct AttentionCache {
   Mat<Scalar> A;        ///< N x d_v, the output
   Scalar scale = 0;     ///< the c that was used
   Vec<Scalar> rowbuf;   ///< scratch for the softmax
+  /// RoPE's tables when it is on; then Q and K above are the rotated Q~ and K~ (MATH.md §10).
+  detail::RopeTable<Scalar> rope;
+  Mat<Scalar> rope_scratch;  ///< scratch for the forward pass
 
   Index n_tokens() const { return P.rows(); }
   Index d_k() const { return Q.cols(); }
@@ -69,18 +104,22 @@ struct AttentionWorkspace {
   Mat<Scalar> dQ, dK, dV;  ///< tangents or cotangents of Q, K, V
   Mat<Scalar> NxN;         ///< dZ/dP or dL/dP, dL/dZ
   Vec<Scalar> r;           ///< row sums
+  Mat<Scalar> rope;        ///< scratch for RoPE
 };
 
-/// Tangents for attention_jvp; an empty (0 x 0) member is a zero tangent.
+/// Tangents for attention_jvp; an empty (0 x 0, or length 0) member is a zero tangent.
 template <typename Scalar>
 struct AttentionTangents {
   Mat<Scalar> dWQ, dWK, dWV, dX;
+  Vec<Scalar> dbQ{}, dbK{}, dbV{};  ///< tangents of the biases (MATH.md §10)
 };
 
-/// Cotangents returned by attention_vjp: dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX.
+/// Cotangents returned by attention_vjp: dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX, and those of the
+/// biases, dL/db = column sums of dL/dQ, dL/dK, dL/dV (MATH.md §10).
 template <typename Scalar>
 struct AttentionGradients {
   Mat<Scalar> dWQ, dWK, dWV, dX;
+  Vec<Scalar> dbQ{}, dbK{}, dbV{};
 };
 
 namespace detail {
@@ -104,6 +143,15 @@ void check_cache(const char* fn, const AttentionCache<Scalar>& c, Index N, Index
     fail(fn, "cache does not match the inputs (run attention_forward on the same X, W first)");
 }
 
+/// Q = X W (+ 1 b^T when b is not empty).
+template <typename Scalar>
+void biased_projection(const CRef<Scalar>& X, const CRef<Scalar>& W, const Vec<Scalar>& b,
+                       Mat<Scalar>& dst) {
+  ensure_size(dst, X.rows(), W.cols());
+  dst.noalias() = X * W;
+  if (b.size() > 0) dst.rowwise() += b.transpose();
+}
+
 /// dst = X dW + dX W for tangents that may be empty (zero).
 template <typename Scalar>
 void projection_tangent(const CRef<Scalar>& X, const CRef<Scalar>& W, const CRef<Scalar>& dW,
@@ -118,7 +166,8 @@ void projection_tangent(const CRef<Scalar>& X, const CRef<Scalar>& W, const CRef
 
 }  // namespace detail
 
-/// Forward pass A = softmax_row(c X W_Q (X W_K)^T + M) X W_V into `cache` (MATH.md §1).
+/// Forward pass A = softmax_row(c Q~ K~^T + M) V into `cache` (MATH.md §1, §10): with
+/// neither biases nor RoPE, A = softmax_row(c X W_Q (X W_K)^T + M) X W_V.
 /// Allocates nothing when `cache` already has the shapes of a previous call.
 template <typename Scalar>
 void attention_forward(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
@@ -127,13 +176,18 @@ void attention_forward(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef
   constexpr const char* fn = "attention_forward";
   detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
+  opts.check_projections(fn, WQ.cols(), WK.cols(), WV.cols(), WQ.cols());
   const Index N = X.rows();
-  detail::ensure_size(cache.Q, N, WQ.cols());
-  detail::ensure_size(cache.K, N, WK.cols());
-  detail::ensure_size(cache.V, N, WV.cols());
-  cache.Q.noalias() = X * WQ;
-  cache.K.noalias() = X * WK;
-  cache.V.noalias() = X * WV;
+  detail::biased_projection<Scalar>(X, WQ, opts.bias_q, cache.Q);
+  detail::biased_projection<Scalar>(X, WK, opts.bias_k, cache.K);
+  detail::biased_projection<Scalar>(X, WV, opts.bias_v, cache.V);
+  if (opts.rope) {
+    cache.rope.build(*opts.rope, N, WQ.cols());
+    cache.rope.apply(cache.Q, false, cache.rope_scratch);
+    cache.rope.apply(cache.K, false, cache.rope_scratch);
+  } else {
+    cache.rope.clear();
+  }
   cache.scale = opts.resolved_scale(WQ.cols());
   detail::ensure_size(cache.A, N, WV.cols());
   detail::forward_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.scale, opts.mask,
@@ -161,7 +215,8 @@ Mat<typename DX::Scalar> attention(const Eigen::MatrixBase<DX>& X, const Eigen::
 }
 
 /// JVP (MATH.md §2): dA for tangents of any subset of (W_Q, W_K, W_V, X); an empty (0 x 0)
-/// tangent is zero. `cache` must come from attention_forward on the same X and W.
+/// tangent is zero. `cache` must come from attention_forward on the same X and W, whose
+/// biases and RoPE it carries (RoPE rotates dQ and dK as it rotates Q and K, MATH.md §10).
 /// Cost: at most six N x D x d products and three N x N x d products.
 template <typename Scalar>
 void attention_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
@@ -184,24 +239,47 @@ void attention_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   if (q_moves) detail::projection_tangent<Scalar>(X, WQ, dWQ, dX, ws.dQ);
   if (k_moves) detail::projection_tangent<Scalar>(X, WK, dWK, dX, ws.dK);
   if (v_moves) detail::projection_tangent<Scalar>(X, WV, dWV, dX, ws.dV);
+  if (q_moves) cache.rope.apply(ws.dQ, false, ws.rope);
+  if (k_moves) cache.rope.apply(ws.dK, false, ws.rope);
   const Mat<Scalar> zero;
   detail::jvp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, q_moves ? ws.dQ : zero,
                           k_moves ? ws.dK : zero, v_moves ? ws.dV : zero, ws.NxN, ws.r, dA);
 }
 
-/// By-value JVP.
+/// By-value JVP, with the bias tangents of `t` too (db enters as dQ = 1 db_Q^T, …).
 template <typename Scalar>
 Mat<Scalar> attention_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                           const CRef<Scalar>& WV, const AttentionCache<Scalar>& cache,
                           const AttentionTangents<Scalar>& t) {
+  constexpr const char* fn = "attention_jvp";
   AttentionWorkspace<Scalar> ws;
   Mat<Scalar> dA(X.rows(), WV.cols());
   attention_jvp<Scalar>(X, WQ, WK, WV, cache, t.dWQ, t.dWK, t.dWV, t.dX, ws, dA);
+  if (t.dbQ.size() == 0 && t.dbK.size() == 0 && t.dbV.size() == 0) return dA;
+  // The map is linear: add the response to (dQ, dK, dV) = (1 db_Q^T, 1 db_K^T, 1 db_V^T).
+  const Index N = X.rows(), dk = WQ.cols(), dv = WV.cols();
+  auto ones_times = [&](const char* name, const Vec<Scalar>& db, Index w, Mat<Scalar>& dst) {
+    if (db.size() == 0) return false;
+    if (db.size() != w) detail::fail(fn, std::string(name) + " has the wrong length");
+    dst = Mat<Scalar>::Ones(N, 1) * db.transpose();
+    return true;
+  };
+  Mat<Scalar> dQ, dK, dV, dB(N, dv);
+  const bool q = ones_times("dbQ", t.dbQ, dk, dQ), k = ones_times("dbK", t.dbK, dk, dK),
+             v = ones_times("dbV", t.dbV, dv, dV);
+  if (q) cache.rope.apply(dQ, false, ws.rope);
+  if (k) cache.rope.apply(dK, false, ws.rope);
+  const Mat<Scalar> zero;
+  detail::jvp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, q ? dQ : zero,
+                          k ? dK : zero, v ? dV : zero, ws.NxN, ws.r, dB);
+  dA += dB;
   return dA;
 }
 
 /// VJP (MATH.md §2): cotangents of W_Q, W_K, W_V and X for G = dL/dA. An output passed with
-/// size 0 x 0 (for example `Eigen::Map<Mat<Scalar>>(nullptr, 0, 0)`) is not computed.
+/// size 0 x 0 (for example `Eigen::Map<Mat<Scalar>>(nullptr, 0, 0)`) is not computed. After
+/// the call ws.dQ, ws.dK, ws.dV hold dL/dQ, dL/dK, dL/dV (before RoPE), whose column sums are
+/// the cotangents of the biases.
 template <typename Scalar>
 void attention_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                    const CRef<Scalar>& WV, const AttentionCache<Scalar>& cache,
@@ -222,6 +300,8 @@ void attention_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   detail::ensure_size(ws.dV, N, dv);
   detail::vjp_qkv<Scalar>(cache.Q, cache.K, cache.V, cache.P, cache.scale, G, ws.NxN, ws.r, ws.dQ,
                           ws.dK, ws.dV, /*accumulate=*/false);
+  cache.rope.apply(ws.dQ, true, ws.rope);  // dL/dQ = dL/dQ~ R^T, row by row
+  cache.rope.apply(ws.dK, true, ws.rope);
   if (gWQ.size() > 0) gWQ.noalias() = X.transpose() * ws.dQ;
   if (gWK.size() > 0) gWK.noalias() = X.transpose() * ws.dK;
   if (gWV.size() > 0) gWV.noalias() = X.transpose() * ws.dV;
@@ -232,7 +312,7 @@ void attention_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   }
 }
 
-/// By-value VJP: all four cotangents.
+/// By-value VJP: all four cotangents, and those of the biases.
 template <typename Scalar>
 AttentionGradients<Scalar> attention_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                          const CRef<Scalar>& WK, const CRef<Scalar>& WV,
@@ -245,6 +325,9 @@ AttentionGradients<Scalar> attention_vjp(const CRef<Scalar>& X, const CRef<Scala
   g.dWV.resize(WV.rows(), WV.cols());
   g.dX.resize(X.rows(), X.cols());
   attention_vjp<Scalar>(X, WQ, WK, WV, cache, G, ws, g.dWQ, g.dWK, g.dWV, g.dX);
+  g.dbQ = ws.dQ.colwise().sum().transpose();
+  g.dbK = ws.dK.colwise().sum().transpose();
+  g.dbV = ws.dV.colwise().sum().transpose();
   return g;
 }
 

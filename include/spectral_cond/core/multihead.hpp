@@ -53,6 +53,7 @@ struct MultiHeadOptions : AttentionOptions<Scalar> {
     detail::require_shape(fn, "W_K", "D x (kv_heads d_k)", s.D, s.kv_heads * s.d_k, WK);
     detail::require_shape(fn, "W_V", "D x (kv_heads d_v)", s.D, s.kv_heads * s.d_v, WV);
     AttentionOptions<Scalar>::check(fn, s.N);
+    this->check_projections(fn, WQ.cols(), WK.cols(), WV.cols(), s.d_k);
     return s;
   }
 };
@@ -66,12 +67,16 @@ struct MultiHeadCache {
   Mat<Scalar> A;               ///< N x h d_v
   Scalar scale = 0;
   Vec<Scalar> rowbuf;
+  /// RoPE's tables (per head of width d_k) when it is on; then Q and K are rotated.
+  detail::RopeTable<Scalar> rope;
+  Mat<Scalar> rope_scratch;
 };
 
 template <typename Scalar>
 struct MultiHeadWorkspace {
   Mat<Scalar> dQ, dK, dV, NxN;
   Vec<Scalar> r;
+  Mat<Scalar> rope;
 };
 
 namespace detail {
@@ -96,9 +101,16 @@ void multihead_forward(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef
   detail::ensure_size(cache.V, s.N, WV.cols());
   detail::ensure_size(cache.A, s.N, s.heads * s.d_v);
   if (static_cast<Index>(cache.P.size()) != s.heads) cache.P.resize(static_cast<size_t>(s.heads));
-  cache.Q.noalias() = X * WQ;
-  cache.K.noalias() = X * WK;
-  cache.V.noalias() = X * WV;
+  detail::biased_projection<Scalar>(X, WQ, opts.bias_q, cache.Q);
+  detail::biased_projection<Scalar>(X, WK, opts.bias_k, cache.K);
+  detail::biased_projection<Scalar>(X, WV, opts.bias_v, cache.V);
+  if (opts.rope) {
+    cache.rope.build(*opts.rope, s.N, s.d_k);
+    cache.rope.apply(cache.Q, false, cache.rope_scratch);
+    cache.rope.apply(cache.K, false, cache.rope_scratch);
+  } else {
+    cache.rope.clear();
+  }
   cache.scale = opts.resolved_scale(s.d_k);
   for (Index j = 0; j < s.heads; ++j) {
     const Index g = s.kv_of(j);
@@ -142,6 +154,8 @@ void multihead_jvp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   if (q_moves) detail::projection_tangent<Scalar>(X, WQ, dWQ, dX, ws.dQ);
   if (k_moves) detail::projection_tangent<Scalar>(X, WK, dWK, dX, ws.dK);
   if (v_moves) detail::projection_tangent<Scalar>(X, WV, dWV, dX, ws.dV);
+  if (q_moves) cache.rope.apply(ws.dQ, false, ws.rope);
+  if (k_moves) cache.rope.apply(ws.dK, false, ws.rope);
   const Mat<Scalar> zero;
   for (Index j = 0; j < s.heads; ++j) {
     const Index g = s.kv_of(j);
@@ -185,6 +199,8 @@ void multihead_vjp(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
                             ws.dQ.middleCols(j * s.d_k, s.d_k), ws.dK.middleCols(g * s.d_k, s.d_k),
                             ws.dV.middleCols(g * s.d_v, s.d_v), /*accumulate=*/true);
   }
+  cache.rope.apply(ws.dQ, true, ws.rope);
+  cache.rope.apply(ws.dK, true, ws.rope);
   if (gWQ.size() > 0) gWQ.noalias() = X.transpose() * ws.dQ;
   if (gWK.size() > 0) gWK.noalias() = X.transpose() * ws.dK;
   if (gWV.size() > 0) gWV.noalias() = X.transpose() * ws.dV;
@@ -209,6 +225,9 @@ AttentionGradients<Scalar> multihead_vjp(const CRef<Scalar>& X, const CRef<Scala
   g.dWV.resize(WV.rows(), WV.cols());
   g.dX.resize(X.rows(), X.cols());
   multihead_vjp<Scalar>(X, WQ, WK, WV, opts, cache, G, ws, g.dWQ, g.dWK, g.dWV, g.dX);
+  g.dbQ = ws.dQ.colwise().sum().transpose();
+  g.dbK = ws.dK.colwise().sum().transpose();
+  g.dbV = ws.dV.colwise().sum().transpose();
   return g;
 }
 

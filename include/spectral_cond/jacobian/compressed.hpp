@@ -27,6 +27,7 @@
 
 #include "spectral_cond/core/attention.hpp"
 #include "spectral_cond/core/common.hpp"
+#include "spectral_cond/jacobian/detail/rope_columns.hpp"
 
 #include "spectral_cond/linalg/svd.hpp"
 
@@ -50,18 +51,6 @@ void truncated_svd(const CRef<Scalar>& M, Mat<Scalar>& US, Mat<Scalar>& V) {
   while (r < s.size() && s(r) > tol) ++r;
   US = svd.matrixU().leftCols(r) * s.head(r).asDiagonal();
   V = svd.matrixV().leftCols(r);
-}
-
-/// out = P (w ∘ V) - (P w) ∘ A (N x d_v): dA for the rank-one logit perturbation u w^T with
-/// u = 1, which MATH.md §3's columns scale row-wise by u. `tmp` (N x d_v) and `Pw` (N) are
-/// scratch.
-template <typename Scalar, typename W, typename Out>
-void rank_one_logit_response(const Mat<Scalar>& P, const Mat<Scalar>& V, const Mat<Scalar>& A,
-                             const W& w, Out&& out, Mat<Scalar>& tmp, Vec<Scalar>& Pw) {
-  tmp.noalias() = w.asDiagonal() * V;
-  out.noalias() = P * tmp;
-  Pw.noalias() = P * w;
-  out -= Pw.asDiagonal() * A;
 }
 
 template <typename Scalar>
@@ -114,7 +103,10 @@ class CompressedJacobian {
     Vec<Scalar> Pw(N);
     for (Index b = 0; b < dk; ++b)
       detail::rank_one_logit_response(P, V, A, cache_.K.col(b), B_.middleCols(b * dv, dv), tmp, Pw);
-    for (Index k = 0; k < r; ++k)
+    detail::rope_mix_query_factors<Scalar>(cache_.rope, dk,
+                                           [&](Index b) { return B_.middleCols(b * dv, dv); });
+    if (cache_.rope.active) E_.resize(0, 0);  // J~_K's columns are formed one by one
+    for (Index k = 0; k < r && !cache_.rope.active; ++k)
       detail::rank_one_logit_response(P, V, A, L_.col(k), E_.middleCols(k * dv, dv), tmp, Pw);
     PL_.noalias() = P * L_;
   }
@@ -130,11 +122,14 @@ class CompressedJacobian {
   Index full_rows() const { return rows(); }
   Index full_cols() const { return D_ * (2 * cache_.d_k() + cache_.d_v()); }
 
-  /// Columns [j0, j0 + m) of J~ into `out` (rows() x m), nothing else formed. Allocates nothing.
+  /// Columns [j0, j0 + m) of J~ into `out` (rows() x m), nothing else formed. Allocates nothing
+  /// without RoPE; with it, J~_K's columns are rope_key_column's (two softmax products each,
+  /// rope_columns.hpp) and their scratch is allocated once per call.
   void columns(Index j0, Index m, Ref<Scalar> out) const {
     detail::check_block<Scalar>("CompressedJacobian::columns", j0, m, cols(), rows(), out);
     const Index N = cache_.P.rows(), dk = cache_.d_k(), dv = cache_.d_v(), r = rank();
     const Scalar c = cache_.scale;
+    detail::RopeColumnScratch<Scalar> rs;
     for (Index t = 0; t < m; ++t) {
       const Index j = j0 + t;
       auto col = out.col(t);
@@ -144,6 +139,11 @@ class CompressedJacobian {
           col.segment(q * N, N) = c * L_.col(k).cwiseProduct(B_.col(b * dv + q));
       } else if (j < 2 * r * dk) {  // J~_K: c vec(diag(q_b) E~_k)
         const Index k = (j - r * dk) % r, b = (j - r * dk) / r;
+        if (cache_.rope.active) {
+          detail::rope_key_column<Scalar>(cache_, L_.col(k), b,
+                                          Eigen::Map<Mat<Scalar>>(col.data(), N, dv), rs);
+          continue;
+        }
         for (Index q = 0; q < dv; ++q)
           col.segment(q * N, N) = c * cache_.Q.col(b).cwiseProduct(E_.col(k * dv + q));
       } else {  // J~_V: e_b ⊗ (P l_k)
@@ -218,6 +218,10 @@ class ReducedCompressedJacobian {
   ReducedCompressedJacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                             const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts = {})
       : cj_(X, WQ, WK, WV, opts) {
+    if (opts.extended())
+      detail::fail("ReducedCompressedJacobian",
+                   "the reduction needs Q = X W_Q and K = X W_K: without biases or RoPE (use "
+                   "CompressedJacobian)");
     const AttentionCache<Scalar>& ca = cj_.cache();
     const Mat<Scalar>& L = cj_.L();
     const Index N = L.rows(), r = L.cols(), dv = ca.d_v();
@@ -313,6 +317,10 @@ class CompressedInputJacobian {
   /// Forward pass, W_cat's truncated SVD, and κ = K W'_Q^T, ρ = Q W'_K^T for every t.
   void compute(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts = {}) {
+    if (opts.rope)
+      detail::fail("CompressedInputJacobian",
+                   "the closed form of J_X does not model RoPE; JacobianOp with "
+                   "JacobianBlock::X gives its exact products (MATH.md §10)");
     attention_forward<Scalar>(X, WQ, WK, WV, opts, cache_);
     detail::require_finite<Scalar>("CompressedInputJacobian", X, WQ, WK, WV);
     const Index D = X.cols(), dk = WQ.cols(), dv = WV.cols();

@@ -7,6 +7,7 @@
 // Squaring costs accuracy: σ_min from either has relative error about ε κ(J)^2 (MATH.md §3).
 #pragma once
 
+#include "spectral_cond/jacobian/compressed.hpp"
 #include "spectral_cond/jacobian/jacobian.hpp"
 
 namespace spectral_cond {
@@ -115,6 +116,26 @@ void normal_input(const JacobianParts<Scalar>& jp, const CRef<Scalar>& WV, Ref<S
   for (Index j = 1; j < out.cols(); ++j) out.col(j).head(j) = out.row(j).head(j).transpose();
 }
 
+/// J_K J_K^T = J~_K J~_K^T with RoPE (MATH.md §10), into `out` (overwritten, both triangles):
+/// the structured form (1 1^T ⊗ Q Q^T) ∘ (𝔈 𝔈^T) needs J_K's columns to share the row factor
+/// diag(q_b), which RoPE breaks (each column mixes q~_b and q~_p). J~_K's r d_k columns are
+/// streamed in blocks into a symmetric rank update: O((N d_v)^2 r d_k) time, one block of
+/// memory beyond `out`.
+template <typename Scalar>
+void rope_key_gram(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                   const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts, Ref<Scalar> out) {
+  const CompressedJacobian<Scalar> cj(X, WQ, WK, WV, opts);
+  const Index R = cj.rows(), n = cj.rank() * cj.cache().d_k(), step = 256;
+  out.setZero();
+  Mat<Scalar> blk(R, std::min(step, std::max<Index>(n, 1)));
+  for (Index j = 0; j < n; j += step) {
+    const Index m = std::min(step, n - j);
+    cj.columns(n + j, m, blk.leftCols(m));
+    out.template selfadjointView<Eigen::Lower>().rankUpdate(blk.leftCols(m));
+  }
+  out.template triangularView<Eigen::StrictlyUpper>() = out.transpose();
+}
+
 /// J^T J for the parameter blocks from the structured factors, never forming J. With column
 /// a + D b inside each block, 𝔅_b = column b of 𝔅 as N x d_v, 𝔈^(e) = rows (·, e) of 𝔈 (N x D):
 ///   QQ (b,b') = X^T diag(Σ_e 𝔅_b[:,e] ∘ 𝔅_b'[:,e]) X
@@ -196,7 +217,9 @@ void normal_params(const JacobianParts<Scalar>& jp, const CRef<Scalar>& X, Jacob
 
 }  // namespace detail
 
-/// G = J J^T of block `block` (N d_v x N d_v, MATH.md §3) without forming J, into `out`:
+/// G = J J^T of block `block` (N d_v x N d_v, MATH.md §3) without forming J, into `out`
+/// (with RoPE, J_K J_K^T has no such structure and comes from the columns of J~_K, see
+/// detail::rope_key_gram):
 ///   All: c^2 [ (1 1^T ⊗ X X^T) ∘ (𝔅 𝔅^T) + (1 1^T ⊗ Q Q^T) ∘ (𝔈 𝔈^T) ] + I_{d_v} ⊗ (P X X^T P^T)
 ///   Q, K, V: the corresponding single term (J_Q J_Q^T, J_K J_K^T, J_V J_V^T);
 ///   X: J_X J_X^T by the expansion in detail::gram_input.
@@ -219,12 +242,16 @@ void attention_gram(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sc
   const bool all = block == JacobianBlock::All;
   bool written = false;
   Mat<Scalar> T;
+  if ((all || block == JacobianBlock::K) && jp.fwd.rope.active) {
+    detail::rope_key_gram<Scalar>(X, WQ, WK, WV, opts, out);
+    written = true;
+  }
   if (all || block == JacobianBlock::Q) {
     const Mat<Scalar> XX = X * X.transpose();
     detail::add_tiled_gram<Scalar>(jp.B, XX, N, written, T, out);
     written = true;
   }
-  if (all || block == JacobianBlock::K) {
+  if ((all || block == JacobianBlock::K) && !jp.fwd.rope.active) {
     const Mat<Scalar> QQ = jp.fwd.Q * jp.fwd.Q.transpose();
     detail::add_tiled_gram<Scalar>(jp.E, QQ, N, written, T, out);
     written = true;
@@ -256,6 +283,7 @@ Mat<typename DX::Scalar> attention_gram(const Eigen::MatrixBase<DX>& X,
 /// without forming J: the one to use when J is tall (N d_v > cols), where J J^T is larger and
 /// rank-deficient. Parameter blocks come from the structured factors (detail::normal_params,
 /// about d_v times cheaper than from J); X goes through row blocks of J_X (detail::normal_input).
+/// With RoPE, J_K's blocks come from the assembled J (cols x rows doubles: what a tall J costs).
 template <typename Scalar>
 void attention_normal(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                       const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
@@ -266,10 +294,18 @@ void attention_normal(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<
   detail::require_shape(fn, "out", "cols x cols", C, C, out);
   detail::JacobianParts<Scalar> jp;
   jp.compute(X, WQ, WK, WV, opts, block);
-  if (block == JacobianBlock::X)
+  if (block == JacobianBlock::X) {
     detail::normal_input<Scalar>(jp, WV, out);
-  else
+  } else if (jp.fwd.rope.active && (block == JacobianBlock::All || block == JacobianBlock::K)) {
+    // RoPE breaks the shared row factor diag(q_b) of J_K's columns that the structured blocks
+    // KK, QK and KV use (rope_key_gram): J^T J from J itself.
+    const Mat<Scalar> J = attention_jacobian(X, WQ, WK, WV, opts, block);
+    out.setZero();
+    out.template selfadjointView<Eigen::Lower>().rankUpdate(J.transpose());
+    out.template triangularView<Eigen::StrictlyUpper>() = out.transpose();
+  } else {
     detail::normal_params<Scalar>(jp, X, block, out);
+  }
 }
 
 /// By-value form of attention_normal.

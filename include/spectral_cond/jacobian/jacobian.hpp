@@ -9,6 +9,7 @@
 #pragma once
 
 #include "spectral_cond/core/attention.hpp"
+#include "spectral_cond/jacobian/detail/rope_columns.hpp"
 
 namespace spectral_cond {
 
@@ -84,7 +85,7 @@ template <typename Scalar>
 struct JacobianParts {
   AttentionCache<Scalar> fwd;  ///< Q, K, V, P, A and c
   Scalar c = 0;
-  Mat<Scalar> B;  ///< 𝔅 = c [vec B_1 … vec B_{d_k}], (N d_v) x d_k
+  Mat<Scalar> B;  ///< 𝔅 = c [vec B_1 … vec B_{d_k}] (with RoPE the F_b), (N d_v) x d_k
   Mat<Scalar> E;  ///< 𝔈 = c [vec E_1 … vec E_D], (N d_v) x D
   Mat<Scalar> F;  ///< c [vec F_1 … vec F_D], F_a = P (u_a ∘ V) - (P u_a) ∘ A, u_a = (K W_Q^T)[:, a]
   Mat<Scalar> PX;  ///< P X, N x D
@@ -96,9 +97,18 @@ struct JacobianParts {
     attention_forward<Scalar>(X, WQ, WK, WV, opts, fwd);
     c = fwd.scale;
     const bool all = block == JacobianBlock::All;
-    if (all || block == JacobianBlock::Q)
+    if (block == JacobianBlock::X && opts.rope)
+      fail("attention_jacobian",
+           "the closed form of J_X does not model RoPE; JacobianOp with JacobianBlock::X gives "
+           "its exact products (MATH.md §10)");
+    if (all || block == JacobianBlock::Q) {
       stacked_softmax_products<Scalar>(fwd.P, fwd.V, fwd.A, fwd.K, c, wide, PU, B);
-    if (all || block == JacobianBlock::K)
+      const Index N = X.rows(), dv = fwd.V.cols();
+      rope_mix_query_factors<Scalar>(fwd.rope, fwd.d_k(), [&](Index b) {
+        return Eigen::Map<Mat<Scalar>>(B.col(b).data(), N, dv);
+      });
+    }
+    if ((all || block == JacobianBlock::K) && !fwd.rope.active)
       stacked_softmax_products<Scalar>(fwd.P, fwd.V, fwd.A, X, c, wide, PU, E);
     if (all || block == JacobianBlock::V || block == JacobianBlock::X) {
       ensure_size(PX, X.rows(), X.cols());
@@ -121,7 +131,8 @@ Eigen::Map<Mat<Scalar>> column_as_matrix(Ref<Scalar>& out, Index j, Index N, Ind
 }
 
 /// J_Q[:, a + D b] = vec(diag(x_a) 𝔅_b) and J_K[:, a + D b] = vec(diag(q_b) 𝔈_a) (MATH.md §3).
-/// Each column is one streaming, vectorised write; the N x d_v factor stays in cache.
+/// Each column is one streaming, vectorised write; the N x d_v factor stays in cache. With
+/// RoPE, 𝔅_b is F_b and J_K's columns are rope_key_column's (two softmax products each).
 template <typename Scalar>
 void write_jacobian_qk(const JacobianParts<Scalar>& jp, const CRef<Scalar>& X, bool q_block,
                        Ref<Scalar> out) {
@@ -132,6 +143,12 @@ void write_jacobian_qk(const JacobianParts<Scalar>& jp, const CRef<Scalar>& X, b
       for (Index a = 0; a < D; ++a)
         column_as_matrix<Scalar>(out, a + D * b, N, dv).noalias() = X.col(a).asDiagonal() * Bb;
     }
+  } else if (jp.fwd.rope.active) {
+    RopeColumnScratch<Scalar> s;
+    for (Index b = 0; b < dk; ++b)
+      for (Index a = 0; a < D; ++a)
+        rope_key_column<Scalar>(jp.fwd, X.col(a), b, column_as_matrix<Scalar>(out, a + D * b, N, dv),
+                                s);
   } else {
     for (Index a = 0; a < D; ++a) {
       const Eigen::Map<const Mat<Scalar>> Ea(jp.E.col(a).data(), N, dv);
@@ -239,6 +256,94 @@ Mat<typename DX::Scalar> attention_jacobian(const Eigen::MatrixBase<DX>& X,
                 jacobian_cols(block, X.rows(), X.cols(), WQ.cols(), WV.cols()));
   attention_jacobian<Scalar>(X, WQ, WK, WV, opts, block, J);
   return J;
+}
+
+/// Columns of attention_bias_jacobian: 2 d_k + d_v.
+inline Index bias_jacobian_cols(Index d_k, Index d_v) {
+  return 2 * d_k + d_v;
+}
+
+/// The Jacobian with respect to the biases, J_b = d vec(A) / d [b_Q; b_K; b_V] (MATH.md §10),
+/// (N d_v) x (2 d_k + d_v), into `out`. Each column is the weight column of MATH.md §3 with the
+/// input column x_a replaced by 1 (a bias is a weight row on a constant input):
+///   J_bQ[:, b] = c vec(F_b),  J_bV[:, b] = e_b ⊗ (P 1) = e_b ⊗ 1_N,
+///   J_bK[:, b] = c vec(diag(q~_b) E(1) + …) = 0 exactly without RoPE, since E(1) = P V - A = 0
+///   (a key bias adds a constant to each row's logits, which the softmax ignores).
+/// The biases need not be set in `opts` (J_b at zero biases is the same formula).
+template <typename Scalar>
+void attention_bias_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                             const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
+                             Ref<Scalar> out) {
+  constexpr const char* fn = "attention_bias_jacobian";
+  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  const Index N = X.rows(), dk = WQ.cols(), dv = WV.cols();
+  detail::require_shape(fn, "out", "N d_v x (2 d_k + d_v)", jacobian_rows(N, dv),
+                        bias_jacobian_cols(dk, dv), out);
+  detail::JacobianParts<Scalar> jp;
+  jp.compute(X, WQ, WK, WV, opts, JacobianBlock::Q);
+  const Mat<Scalar> ones = Mat<Scalar>::Ones(N, 1);
+  detail::write_jacobian_qk<Scalar>(jp, ones, true, out.leftCols(dk));
+  if (jp.fwd.rope.active) {
+    detail::write_jacobian_qk<Scalar>(jp, ones, false, out.middleCols(dk, dk));
+  } else {
+    out.middleCols(dk, dk).setZero();  // exactly: E(1) = P V - A = 0
+  }
+  jp.PX = ones;  // P 1 = 1
+  detail::write_jacobian_v<Scalar>(jp, out.rightCols(dv));
+}
+
+/// By-value form of attention_bias_jacobian.
+template <typename DX, typename DQ, typename DK, typename DV>
+Mat<typename DX::Scalar> attention_bias_jacobian(
+    const Eigen::MatrixBase<DX>& X, const Eigen::MatrixBase<DQ>& WQ,
+    const Eigen::MatrixBase<DK>& WK, const Eigen::MatrixBase<DV>& WV,
+    const AttentionOptions<typename DX::Scalar>& opts = {}) {
+  using Scalar = typename DX::Scalar;
+  Mat<Scalar> J(jacobian_rows(X.rows(), WV.cols()), bias_jacobian_cols(WQ.cols(), WV.cols()));
+  attention_bias_jacobian<Scalar>(X, WQ, WK, WV, opts, J);
+  return J;
+}
+
+/// Inputs in which the biases are weights: X+ = [X 1], W+ = [W; b^T] (a zero row for an absent
+/// bias), and the options without biases (MATH.md §10).
+template <typename Scalar>
+struct BiasParameters {
+  Mat<Scalar> X, WQ, WK, WV;
+  AttentionOptions<Scalar> opts;
+};
+
+/// The reparametrisation X+ W+ = X W + 1 b^T that makes the biases weights: A is unchanged and
+/// the parameter Jacobian of (X+, W+) is [J_W | J_b] with its columns permuted (vec W+ puts
+/// b[j] at entry D + (D + 1) j), so every routine of the parameter Jacobian (J, its Gram
+/// matrices, the operators, every κ(J) method) applied to the result gives the singular values,
+/// κ and κ+ of J with respect to the weights and the biases together.
+template <typename Scalar>
+BiasParameters<Scalar> with_bias_parameters(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                            const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                            const AttentionOptions<Scalar>& opts) {
+  constexpr const char* fn = "with_bias_parameters";
+  detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
+  opts.check_projections(fn, WQ.cols(), WK.cols(), WV.cols(), WQ.cols());
+  const Index N = X.rows(), D = X.cols();
+  BiasParameters<Scalar> p;
+  p.X.resize(N, D + 1);
+  p.X << X, Mat<Scalar>::Ones(N, 1);
+  auto stack = [D](const CRef<Scalar>& W, const Vec<Scalar>& b, Mat<Scalar>& out) {
+    out.resize(D + 1, W.cols());
+    out.topRows(D) = W;
+    if (b.size() > 0)
+      out.row(D) = b.transpose();
+    else
+      out.row(D).setZero();
+  };
+  stack(WQ, opts.bias_q, p.WQ);
+  stack(WK, opts.bias_k, p.WK);
+  stack(WV, opts.bias_v, p.WV);
+  p.opts = opts;
+  p.opts.bias_q.resize(0);
+  p.opts.bias_k.resize(0);
+  p.opts.bias_v.resize(0);
+  return p;
 }
 
 }  // namespace spectral_cond

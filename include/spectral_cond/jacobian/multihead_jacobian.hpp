@@ -41,11 +41,17 @@ inline Index multihead_jacobian_rows(const MultiHeadShape& s) {
 }
 
 namespace detail {
-/// The single-head options of a multi-head layer (same scale, with c resolved from the per-head
-/// d_k, and the same mask).
+/// The single-head options of query head j of a multi-head layer: the same scale (c resolved
+/// from the per-head d_k), mask and RoPE, and the head's slices of the fused biases.
 template <typename Scalar>
-AttentionOptions<Scalar> head_options(const MultiHeadOptions<Scalar>& opts) {
-  return static_cast<const AttentionOptions<Scalar>&>(opts);
+AttentionOptions<Scalar> head_options(const MultiHeadOptions<Scalar>& opts, const MultiHeadShape& s,
+                                      Index j) {
+  AttentionOptions<Scalar> h = static_cast<const AttentionOptions<Scalar>&>(opts);
+  const Index g = s.kv_of(j);
+  if (opts.bias_q.size() > 0) h.bias_q = opts.bias_q.segment(j * s.d_k, s.d_k);
+  if (opts.bias_k.size() > 0) h.bias_k = opts.bias_k.segment(g * s.d_k, s.d_k);
+  if (opts.bias_v.size() > 0) h.bias_v = opts.bias_v.segment(g * s.d_v, s.d_v);
+  return h;
 }
 }  // namespace detail
 
@@ -65,7 +71,7 @@ void multihead_jacobian_head(const CRef<Scalar>& X, const CRef<Scalar>& WQ, cons
   }
   const Index g = s.kv_of(head);
   attention_jacobian<Scalar>(X, WQ.middleCols(head * s.d_k, s.d_k), WK.middleCols(g * s.d_k, s.d_k),
-                             WV.middleCols(g * s.d_v, s.d_v), detail::head_options(opts), block,
+                             WV.middleCols(g * s.d_v, s.d_v), detail::head_options(opts, s, head), block,
                              out);
 }
 
@@ -97,7 +103,6 @@ void multihead_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRe
   const bool all = block == JacobianBlock::All;
   const Index q_cols = (all || block == JacobianBlock::Q) ? D * s.heads * s.d_k : 0;
   const Index k_cols = (all || block == JacobianBlock::K) ? D * s.kv_heads * s.d_k : 0;
-  const AttentionOptions<Scalar> hopts = detail::head_options(opts);
   if (block != JacobianBlock::X) out.setZero();
   detail::JacobianParts<Scalar> jp;  // one forward pass and one set of factors per head
   Vec<Scalar> scratch;
@@ -106,7 +111,7 @@ void multihead_jacobian(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRe
     const CRef<Scalar> wq = WQ.middleCols(j * s.d_k, s.d_k);
     const CRef<Scalar> wk = WK.middleCols(g * s.d_k, s.d_k);
     const CRef<Scalar> wv = WV.middleCols(g * s.d_v, s.d_v);
-    jp.compute(X, wq, wk, wv, hopts, block);
+    jp.compute(X, wq, wk, wv, detail::head_options(opts, s, j), block);
     auto band = out.middleRows(j * R, R);
     if (block == JacobianBlock::X) {
       detail::write_jacobian_x<Scalar>(jp, wv, scratch, band);

@@ -70,6 +70,7 @@ double logit_spread(const CRef<double>& X, const CRef<double>& WQ, const CRef<do
   if (X.cols() != WQ.rows() || WQ.rows() != WK.rows() || WQ.cols() != WK.cols() || WQ.cols() < 1)
     detail::fail(fn, "X (N x D), W_Q and W_K (D x d_k) do not fit");
   opts.check(fn, X.rows());
+  if (opts.extended()) detail::fail(fn, "biases and RoPE are not modelled here (MATH.md §10)");
   const Mat<double> Z = opts.resolved_scale(WQ.cols()) * (X * WQ) * (X * WK).transpose();
   const Index N = Z.rows();
   double spread = 0;
@@ -179,6 +180,8 @@ ExtendedTheorem34 theorem34_extended(const CRef<double>& X, const CRef<double>& 
   constexpr const char* fn = "theorem34_extended";
   detail::check_attention_inputs<double>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
+  if (opts.extended())
+    detail::fail(fn, "Theorem 3.4 is stated for the block without biases or RoPE (MATH.md §10)");
   if (digits < 20) detail::fail(fn, "digits must be >= 20");
   const ExtendedPrecision precision(digits);
   const KappaOptions<Extended> ko = extended_rank_options();

@@ -22,6 +22,24 @@ struct KJInputs {
   bool wide() const { return rows <= cols; }
 };
 
+inline AttentionOptions<double> to_double(const AttentionOptions<double>& o) {
+  return o;
+}
+
+/// Every option in double: scale, mask, biases and RoPE.
+template <typename Scalar>
+AttentionOptions<double> to_double(const AttentionOptions<Scalar>& o) {
+  AttentionOptions<double> d;
+  if (o.scale) d.scale = static_cast<double>(*o.scale);
+  d.mask = o.mask;
+  d.additive_mask = o.additive_mask.template cast<double>();
+  d.bias_q = o.bias_q.template cast<double>();
+  d.bias_k = o.bias_k.template cast<double>();
+  d.bias_v = o.bias_v.template cast<double>();
+  d.rope = o.rope;
+  return d;
+}
+
 template <typename Scalar>
 KJInputs kj_inputs(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                    const CRef<Scalar>& WV, const AttentionOptions<Scalar>& o) {
@@ -30,9 +48,8 @@ KJInputs kj_inputs(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   in.WQ = WQ.template cast<double>();
   in.WK = WK.template cast<double>();
   in.WV = WV.template cast<double>();
+  in.opts = to_double(o);
   in.opts.scale = static_cast<double>(o.resolved_scale(WQ.cols()));
-  in.opts.mask = o.mask;
-  if (o.mask == MaskKind::Additive) in.opts.additive_mask = o.additive_mask.template cast<double>();
   in.rows = jacobian_rows(X.rows(), WV.cols());
   in.cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
   return in;
@@ -108,6 +125,13 @@ std::optional<ConditionResult<double>> zero_jacobian(const CRef<Scalar>& X, cons
   return res;
 }
 
+/// The single-method entry points do not reparametrise (only kappa_jacobian does).
+inline void refuse_include_biases(const char* fn, const JacobianKappaOptions& jo) {
+  if (jo.include_biases)
+    fail(fn, "include_biases is applied by kappa_jacobian; pass with_bias_parameters' inputs "
+             "to a single method");
+}
+
 /// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
 /// an InvalidInput result (with `method`) for NaN or Inf input, else empty.
 template <typename Scalar>
@@ -116,26 +140,16 @@ std::optional<ConditionResult<double>> check_kj_inputs(
     const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts, const JacobianKappaOptions& jo,
     const char* method) {
   jo.check(fn);
+  refuse_include_biases(fn, jo);
   check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
+  opts.check_projections(fn, WQ.cols(), WK.cols(), WV.cols(), WQ.cols());
   if (!(X.allFinite() && WQ.allFinite() && WK.allFinite() && WV.allFinite())) {
     auto bad = invalid_condition<double>("X or a weight contains NaN or Inf");
     bad.method = method;
     return bad;
   }
   return zero_jacobian<Scalar>(X, WQ, WV, jo, method);
-}
-
-inline AttentionOptions<double> to_double(const AttentionOptions<double>& o) {
-  return o;
-}
-template <typename Scalar>
-AttentionOptions<double> to_double(const AttentionOptions<Scalar>& o) {
-  AttentionOptions<double> d;
-  if (o.scale) d.scale = static_cast<double>(*o.scale);
-  d.mask = o.mask;
-  d.additive_mask = o.additive_mask.template cast<double>();
-  return d;
 }
 
 /// A lower bound on σ_max(J) by `iterations` steps of the power method on J J^T (one JVP and one

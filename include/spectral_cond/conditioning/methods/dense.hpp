@@ -13,6 +13,7 @@ ConditionResult<double> kappa_jacobian_dense(const CRef<Scalar>& X, const CRef<S
                                              const AttentionOptions<Scalar>& opts,
                                              const JacobianKappaOptions& jo = {}) {
   jo.check("kappa_jacobian_dense");
+  detail::refuse_include_biases("kappa_jacobian_dense", jo);
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   const Mat<double> J = attention_jacobian(in.X, in.WQ, in.WK, in.WV, in.opts);
   KappaOptions<double> ko = detail::kappa_opts(jo);

@@ -40,6 +40,15 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
                                        const CRef<Scalar>& WK, const CRef<Scalar>& WV,
                                        const AttentionOptions<Scalar>& opts,
                                        const JacobianKappaOptions& jo = {}) {
+  if (jo.include_biases) {  // J with respect to weights and biases (MATH.md §10)
+    const BiasParameters<Scalar> bp = with_bias_parameters<Scalar>(X, WQ, WK, WV, opts);
+    JacobianKappaOptions inner = jo;
+    inner.include_biases = false;
+    ConditionResult<double> r = kappa_jacobian<Scalar>(bp.X, bp.WQ, bp.WK, bp.WV, bp.opts, inner);
+    const std::string what = "J with respect to the weights and biases, [J_W | J_b]";
+    r.note = r.note.empty() ? what : what + "; " + r.note;
+    return r;
+  }
   if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
                                                  to_string(jo.method)))
     return *bad;

@@ -94,6 +94,11 @@ struct QrKappaOptions {
 /// Options of kappa_jacobian and of every kappa_jacobian_* method (MATH.md §12).
 struct JacobianKappaOptions {
   JacobianKappaMethod method = JacobianKappaMethod::Auto;
+  /// κ of J with respect to the weights and the biases together, [J_W | J_b] (MATH.md §10),
+  /// rather than the weights alone. kappa_jacobian applies with_bias_parameters (jacobian.hpp)
+  /// and runs the method on its result; the single-method entry points refuse the flag (pass
+  /// them with_bias_parameters' inputs instead).
+  bool include_biases = false;
   /// Requested relative accuracy of σ_min; auto takes gram only when ε κ^2 is below it, and
   /// gram and iterative say in their note when their estimate exceeds it. Default 1e-6.
   double tol = 1e-6;

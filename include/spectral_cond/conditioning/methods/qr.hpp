@@ -205,7 +205,8 @@ ConditionResult<double> kappa_qr_driver(const char* fn, const CRef<Scalar>& X,
 /// When J~ is tall (N d_v > r (2 d_k + d_v)) the gauge directions (W_Q E, -W_K E^T, 0) are in
 /// J's null space (MATH.md §4): kappa = +inf, and kappa_plus with the rank is the answer.
 /// J~'s query-key part is first reduced from 2 r d_k to r^2 - max(0, r - d_k)^2 columns with
-/// the same Gram matrix (ReducedCompressedJacobian, compressed.hpp).
+/// the same Gram matrix (ReducedCompressedJacobian, compressed.hpp); with biases or RoPE
+/// (MATH.md §10) the reduction does not apply and J~ itself is factored.
 /// Cost (wide J~): 2 (r^2 - max(0, r - d_k)^2) (N d_v)^2 flops and (N d_v)^2 doubles of
 /// memory, plus one block.
 /// Throws std::invalid_argument for bad shapes or options; NaN or Inf input gives InvalidInput.
@@ -215,22 +216,41 @@ ConditionResult<double> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scal
                                           const AttentionOptions<Scalar>& opts,
                                           const QrKappaOptions& qopts = {}) {
   const Index mJ = X.rows() * WV.cols(), nJ = X.cols() * (2 * WQ.cols() + WV.cols());
-  ConditionResult<double> res = detail::kappa_qr_driver<Scalar, ReducedCompressedJacobian<double>>(
-      "kappa_jacobian_qr", X, WQ, WK, WV, opts, qopts,
-      [&](const ReducedCompressedJacobian<double>& rj, std::ostringstream& note) {
-        const CompressedJacobian<double>& cj = rj.compressed();
-        note << "J~ from rank(X) = " << cj.rank() << ", its query-key part reduced from "
-             << cj.cols() - rj.cols() + rj.reduced_cols() << " to " << rj.reduced_cols()
-             << " columns; ";
-        auto r = detail::qr_condition(rj, mJ, nJ, &rj.PL(), qopts, note);
-        if (cj.rows() > cj.cols())
-          note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
-                  "(MATH.md §4), kappa_plus is the informative number";
-        else if (rj.rows() > rj.cols())
-          note << "; the reduced J~ has fewer columns than rows, so rank(J) < N d_v: J is "
-                  "singular by its structure, kappa_plus is the informative number";
-        return r;
-      });
+  auto structure_note = [](Index rows, Index cols, Index cj_rows, Index cj_cols,
+                           std::ostringstream& note) {
+    if (cj_rows > cj_cols)
+      note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
+              "(MATH.md §4), kappa_plus is the informative number";
+    else if (rows > cols)
+      note << "; the reduced J~ has fewer columns than rows, so rank(J) < N d_v: J is "
+              "singular by its structure, kappa_plus is the informative number";
+  };
+  ConditionResult<double> res;
+  if (opts.extended()) {
+    // With biases or RoPE, Q and K are not X W_Q and X W_K, and the reduction of the query-key
+    // part (ReducedCompressedJacobian) does not apply: J~ itself is factored.
+    res = detail::kappa_qr_driver<Scalar, CompressedJacobian<double>>(
+        "kappa_jacobian_qr", X, WQ, WK, WV, opts, qopts,
+        [&](const CompressedJacobian<double>& cj, std::ostringstream& note) {
+          note << "J~ from rank(X) = " << cj.rank() << ", " << cj.cols()
+               << " columns (with biases or RoPE its query-key part is not reduced); ";
+          auto r = detail::qr_condition(cj, mJ, nJ, &cj.PL(), qopts, note);
+          structure_note(cj.rows(), cj.cols(), cj.rows(), cj.cols(), note);
+          return r;
+        });
+  } else {
+    res = detail::kappa_qr_driver<Scalar, ReducedCompressedJacobian<double>>(
+        "kappa_jacobian_qr", X, WQ, WK, WV, opts, qopts,
+        [&](const ReducedCompressedJacobian<double>& rj, std::ostringstream& note) {
+          const CompressedJacobian<double>& cj = rj.compressed();
+          note << "J~ from rank(X) = " << cj.rank() << ", its query-key part reduced from "
+               << cj.cols() - rj.cols() + rj.reduced_cols() << " to " << rj.reduced_cols()
+               << " columns; ";
+          auto r = detail::qr_condition(rj, mJ, nJ, &rj.PL(), qopts, note);
+          structure_note(rj.rows(), rj.cols(), cj.rows(), cj.cols(), note);
+          return r;
+        });
+  }
   if (res.info != Info::Success && res.info != Info::Singular) return res;
   JacobianKappaOptions jo;
   jo.lanczos.seed = qopts.lanczos.seed;
