@@ -22,10 +22,11 @@ spectral_cond.torch has the paper's method for PyTorch models and a model analys
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _core
-from ._arrays import as_array, as_mask, as_optional_array
+from ._arrays import as_array, as_extras, as_mask, as_optional_array
 from ._results import (
     AttentionDiagnostics,
     AttentionGradients,
@@ -54,6 +55,7 @@ __all__ = [
     "HypothesisFreeBound",
     "JacobianConditionResult",
     "LambdaCorrection",
+    "Rope",
     "Theorem34Report",
     "attention",
     "attention_diagnostics",
@@ -123,63 +125,98 @@ def _qkv(fn: str, X, WQ, WK, WV):
             as_array("W_V", WV, fn))
 
 
-def attention(X, WQ, WK, WV, scale: Optional[float] = None, mask: Mask = None):
-    """A = softmax(c (X W_Q)(X W_K)^T + M) X W_V, N x d_v (MATH.md §1); c defaults to 1/sqrt(d_k)."""
+@dataclass(frozen=True)
+class Rope:
+    """Rotary position embeddings of the queries and keys (MATH.md §10).
+
+    pairing: 'rotate_half' (Hugging Face: pairs (j, j + dims/2)) or 'interleaved' (pairs
+    (2j, 2j + 1)); theta: the frequency base (rope_theta); dims: rotated columns per head
+    (0: all); offset: the position of token 0.
+    """
+
+    pairing: str = "rotate_half"
+    theta: float = 10000.0
+    dims: int = 0
+    offset: int = 0
+
+
+Biases = Optional[Tuple[Any, Any, Any]]
+"""None, or (b_Q, b_K, b_V): Q = X W_Q + 1 b_Q^T, … (MATH.md §10); any entry may be None."""
+
+
+def attention(X, WQ, WK, WV, scale: Optional[float] = None, mask: Mask = None,
+              biases: Biases = None, rope: Any = None):
+    """A = softmax(c Q K^T + M) V, N x d_v (MATH.md §1, §10); c defaults to 1/sqrt(d_k).
+
+    Q = X W_Q (+ 1 b_Q^T), K, V likewise; with rope, rows of Q and K are rotated.
+    """
     fn = "attention"
-    return _core.attention(*_qkv(fn, X, WQ, WK, WV), scale, as_mask(mask, fn))
+    return _core.attention(*_qkv(fn, X, WQ, WK, WV), scale, as_mask(mask, fn),
+                           as_extras(fn, biases, rope))
 
 
 def attention_jvp(X, WQ, WK, WV, dWQ=None, dWK=None, dWV=None, dX=None,
-                  scale: Optional[float] = None, mask: Mask = None):
-    """dA for tangents dW_Q, dW_K, dW_V, dX (None: zero) (MATH.md §2)."""
+                  scale: Optional[float] = None, mask: Mask = None, biases: Biases = None,
+                  rope: Any = None):
+    """dA for tangents dW_Q, dW_K, dW_V, dX (None: zero) (MATH.md §2, §10)."""
     fn = "attention_jvp"
     return _core.attention_jvp(
         *_qkv(fn, X, WQ, WK, WV), as_optional_array("dW_Q", dWQ, fn),
         as_optional_array("dW_K", dWK, fn), as_optional_array("dW_V", dWV, fn),
-        as_optional_array("dX", dX, fn), scale, as_mask(mask, fn))
+        as_optional_array("dX", dX, fn), scale, as_mask(mask, fn), as_extras(fn, biases, rope))
 
 
-def attention_vjp(X, WQ, WK, WV, G, scale: Optional[float] = None,
-                  mask: Mask = None) -> AttentionGradients:
-    """dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX for the cotangent G = dL/dA, N x d_v (MATH.md §2)."""
+def attention_vjp(X, WQ, WK, WV, G, scale: Optional[float] = None, mask: Mask = None,
+                  biases: Biases = None, rope: Any = None) -> AttentionGradients:
+    """dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX and dL/db_Q, dL/db_K, dL/db_V for the cotangent
+    G = dL/dA, N x d_v (MATH.md §2, §10)."""
     fn = "attention_vjp"
     d = _core.attention_vjp(*_qkv(fn, X, WQ, WK, WV), as_array("G", G, fn), scale,
-                            as_mask(mask, fn))
+                            as_mask(mask, fn), as_extras(fn, biases, rope))
+    for k in ("dbQ", "dbK", "dbV"):
+        d[k] = d[k].reshape(-1)
     return AttentionGradients(**d)
 
 
 def attention_jacobian(X, WQ, WK, WV, block: str = "all", scale: Optional[float] = None,
-                       mask: Mask = None):
+                       mask: Mask = None, biases: Biases = None, rope: Any = None):
     """J = d vec(A) / d [vec W_Q; vec W_K; vec W_V], (N d_v) x (2 D d_k + D d_v) (MATH.md §3).
 
     vec is column-major: row i + N q is A[i, q], column a + D b is W_Q[a, b]. block: 'all', 'q',
-    'k', 'v' (one column block) or 'x' (J_X, the Jacobian with respect to X).
+    'k', 'v' (one column block), 'x' (J_X, the Jacobian with respect to X; not with rope) or
+    'bias' (J_b = d vec(A) / d [b_Q; b_K; b_V], N d_v x (2 d_k + d_v), MATH.md §10).
     """
     fn = "attention_jacobian"
-    return _core.attention_jacobian(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn))
+    return _core.attention_jacobian(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn),
+                                    as_extras(fn, biases, rope))
 
 
 def attention_gram(X, WQ, WK, WV, block: str = "all", scale: Optional[float] = None,
-                   mask: Mask = None):
+                   mask: Mask = None, biases: Biases = None, rope: Any = None):
     """J J^T (N d_v x N d_v) of J or of one block, without forming J (MATH.md §3)."""
     fn = "attention_gram"
-    return _core.attention_gram(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn))
+    return _core.attention_gram(*_qkv(fn, X, WQ, WK, WV), block, scale, as_mask(mask, fn),
+                                as_extras(fn, biases, rope))
 
 
 def kappa_jacobian(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
                    scale: Optional[float] = None, mask: Mask = None,
                    rtol: Optional[float] = None, progress: Progress = None, threads: int = 0,
-                   block_cols: int = 0, seed: Optional[int] = None) -> JacobianConditionResult:
+                   block_cols: int = 0, seed: Optional[int] = None, biases: Biases = None,
+                   rope: Any = None, include_biases: bool = False) -> JacobianConditionResult:
     """kappa(J) of one attention block, with the method used and its accuracy (MATH.md §12).
 
     method: 'auto' (dense when small, else gram when its error eps*kappa^2 <= tol, else lobpcg
     or qr; the note says which and why), 'dense', 'gram', 'iterative', 'lobpcg' or 'qr'.
     threads: threads of qr's updates (0: all cores). block_cols: qr's streamed block width
-    (0: automatic). Computes in float64 whatever the inputs' dtype.
+    (0: automatic). Computes in float64 whatever the inputs' dtype. biases, rope: attention as
+    trained models compute it (MATH.md §10); include_biases: J with respect to the weights and
+    the biases together, [J_W | J_b].
     """
     fn = "kappa_jacobian"
     d = _core.kappa_jacobian(*_qkv(fn, X, WQ, WK, WV), method, tol, scale, as_mask(mask, fn),
-                             rtol, threads, block_cols, seed, progress)
+                             rtol, threads, block_cols, seed, progress,
+                             as_extras(fn, biases, rope), include_biases)
     return JacobianConditionResult(**d)
 
 
@@ -202,14 +239,16 @@ def theorem34(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
 
 
 def attention_diagnostics(X, WQ, WK, WV, scale: Optional[float] = None,
-                          mask: Mask = None) -> AttentionDiagnostics:
+                          mask: Mask = None, biases: Biases = None,
+                          rope: Any = None) -> AttentionDiagnostics:
     """The attention pattern of P (row maxima, entropy, saturated rows), the spectral norms of
     J_Q, J_K, [J_Q | J_K] and J_V with ||J_QK||/||J_V||, whether attention collapsed to the
     identity (then kappa(J) = kappa(X) for N <= D: query/key gradients vanish), and the bound
     without hypothesis kappa(J) <= sigma_max(J)/sigma_N(P X) (MATH.md §5, §11). Float64."""
     fn = "attention_diagnostics"
     return diagnostics(_core.attention_diagnostics(*_qkv(fn, X, WQ, WK, WV), scale,
-                                                   as_mask(mask, fn)))
+                                                   as_mask(mask, fn),
+                                                   as_extras(fn, biases, rope)))
 
 
 def exact_correction(W, target: Optional[float] = None) -> ExactCorrection:

@@ -56,3 +56,33 @@ def as_mask(x: Any, fn: str) -> Any:
     if x is None or isinstance(x, str):
         return x
     return as_array("mask", x, fn)
+
+
+def as_extras(fn: str, biases: Any, rope: Any) -> Any:
+    """The biases and RoPE of an attention call (MATH.md §10) as the binding reads them.
+
+    biases: None or (b_Q, b_K, b_V), each a vector or None. rope: None, a pairing name
+    ('rotate_half' or 'interleaved') or a spectral_cond.Rope.
+    """
+    if biases is None and rope is None:
+        return None
+    out: dict = {}
+    if biases is not None:
+        if not isinstance(biases, (tuple, list)) or len(biases) != 3:
+            raise TypeError(f"{fn}: biases must be a tuple (b_Q, b_K, b_V), each a vector or None")
+        for key, b in zip(("bias_q", "bias_k", "bias_v"), biases):
+            if b is None:
+                out[key] = None
+                continue
+            a = as_array(key, b, fn)
+            if a.ndim != 1:
+                raise ValueError(f"{fn}: {key} must be a vector (got shape {tuple(a.shape)})")
+            out[key] = a.reshape(-1, 1)
+    if rope is not None:
+        if isinstance(rope, str):
+            out["rope"] = (rope, 10000.0, 0, 0)
+        elif all(hasattr(rope, k) for k in ("pairing", "theta", "dims", "offset")):
+            out["rope"] = (str(rope.pairing), float(rope.theta), int(rope.dims), int(rope.offset))
+        else:
+            raise TypeError(f"{fn}: rope must be None, 'rotate_half', 'interleaved' or a Rope")
+    return out

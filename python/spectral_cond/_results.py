@@ -97,6 +97,9 @@ class JacobianConditionResult(ConditionResult):
     D: int = 0
     d_k: int = 0
     d_v: int = 0
+    biases: bool = False
+    include_biases: bool = False
+    rope: Optional[str] = None
 
 
 @dataclass(repr=False)
@@ -214,12 +217,16 @@ class LambdaCorrection(_Result):
 
 @dataclass(repr=False)
 class AttentionGradients(_Result):
-    """dL/dW_Q, dL/dW_K, dL/dW_V and dL/dX for a cotangent G = dL/dA (MATH.md §2)."""
+    """dL/dW_Q, dL/dW_K, dL/dW_V, dL/dX and those of the biases, dL/db_Q, dL/db_K, dL/db_V
+    (vectors; column sums of dL/dQ, dL/dK, dL/dV), for a cotangent G = dL/dA (MATH.md §2, §10)."""
 
     dWQ: np.ndarray
     dWK: np.ndarray
     dWV: np.ndarray
     dX: np.ndarray
+    dbQ: Optional[np.ndarray] = None
+    dbK: Optional[np.ndarray] = None
+    dbV: Optional[np.ndarray] = None
 
 
 def condition(d: Optional[dict]) -> Optional[ConditionResult]:

@@ -57,9 +57,21 @@ class Projection:
     row0: int
     row1: int
     heads: int
+    bias_param: Optional[str] = None  # the owner's bias parameter, rows bias_row0 onwards
+    bias_row0: int = 0
 
     def weight(self) -> torch.Tensor:
         return getattr(self.owner, self.param)[self.row0:self.row1]
+
+    def b(self) -> Optional[np.ndarray]:
+        """The projection's bias (float64 vector), or None."""
+        if self.bias_param is None:
+            return None
+        t = getattr(self.owner, self.bias_param, None)
+        if t is None:
+            return None
+        n = self.row1 - self.row0
+        return t[self.bias_row0:self.bias_row0 + n].detach().to("cpu", torch.float64).numpy()
 
     def W(self) -> np.ndarray:
         """The library's W (D x heads d), float64, in Fortran order (read without a copy)."""
@@ -129,17 +141,19 @@ def _site(name: str, m: nn.Module) -> Optional[AttentionSite]:
         D, H = m.embed_dim, m.num_heads
         d = D // H
         if m._qkv_same_embed_dim:
-            q = Projection(m, "in_proj_weight", 0, D, H)
-            k = Projection(m, "in_proj_weight", D, 2 * D, H)
-            v = Projection(m, "in_proj_weight", 2 * D, 3 * D, H)
+            q = Projection(m, "in_proj_weight", 0, D, H, "in_proj_bias", 0)
+            k = Projection(m, "in_proj_weight", D, 2 * D, H, "in_proj_bias", D)
+            v = Projection(m, "in_proj_weight", 2 * D, 3 * D, H, "in_proj_bias", 2 * D)
         else:
-            q = Projection(m, "q_proj_weight", 0, D, H)
-            k = Projection(m, "k_proj_weight", 0, D, H)
-            v = Projection(m, "v_proj_weight", 0, D, H)
+            q = Projection(m, "q_proj_weight", 0, D, H, "in_proj_bias", 0)
+            k = Projection(m, "k_proj_weight", 0, D, H, "in_proj_bias", D)
+            v = Projection(m, "v_proj_weight", 0, D, H, "in_proj_bias", 2 * D)
         notes = []
         if not m._qkv_same_embed_dim:
             notes.append("separate kdim/vdim: key and value inputs differ from the query's")
-        has_bias = m.in_proj_bias is not None or m.bias_k is not None
+        if m.bias_k is not None:
+            notes.append("add_bias_kv appends a learned key/value token; kappa(J) ignores it")
+        has_bias = m.in_proj_bias is not None
         return AttentionSite(name, m, "nn.MultiheadAttention", D, H, H, d, q, k, v, None,
                              has_bias, False, notes)
     qkv = getattr(m, "qkv", None)
@@ -152,9 +166,9 @@ def _site(name: str, m: nn.Module) -> Optional[AttentionSite]:
         d = _first_int(m, ("head_dim",)) or hd3 // H
         if d * H != hd3:
             return None
-        q = Projection(qkv, "weight", 0, hd3, H)
-        k = Projection(qkv, "weight", hd3, 2 * hd3, H)
-        v = Projection(qkv, "weight", 2 * hd3, 3 * hd3, H)
+        q = Projection(qkv, "weight", 0, hd3, H, "bias", 0)
+        k = Projection(qkv, "weight", hd3, 2 * hd3, H, "bias", hd3)
+        v = Projection(qkv, "weight", 2 * hd3, 3 * hd3, H, "bias", 2 * hd3)
         notes = [n for n in [_qk_norm_note(m)] if n]
         return AttentionSite(name, m, "timm", D, H, H, d, q, k, v,
                              _float_attr(m, ("scale", "scaling")), qkv.bias is not None,
@@ -175,9 +189,9 @@ def _site(name: str, m: nn.Module) -> Optional[AttentionSite]:
                 f"spectral_cond.torch: {name}: {qn} has {lq.out_features} outputs, not "
                 f"{H} heads x {d}")
         KV = lk.out_features // d
-        q = Projection(lq, "weight", 0, lq.out_features, H)
-        k = Projection(lk, "weight", 0, lk.out_features, KV)
-        v = Projection(lv, "weight", 0, lv.out_features, KV)
+        q = Projection(lq, "weight", 0, lq.out_features, H, "bias")
+        k = Projection(lk, "weight", 0, lk.out_features, KV, "bias")
+        v = Projection(lv, "weight", 0, lv.out_features, KV, "bias")
         has_bias = any(x.bias is not None for x in (lq, lk, lv))
         notes = [n for n in [_qk_norm_note(m)] if n]
         return AttentionSite(name, m, "huggingface", D, H, KV, d, q, k, v,
@@ -437,12 +451,36 @@ def _site_X(site: AttentionSite, captured: Dict[int, Tuple[Any, str]], i: int,
             if x.dim() == 3:
                 x = x[sample]
             X = x.to("cpu", torch.float64).numpy()
-    if site.has_bias:
-        notes.append("the module has biases; kappa(J) ignores them (not in the library yet)")
-    if site.rope:
-        notes.append("the module applies rotary position embeddings (RoPE); kappa(J) "
-                     "ignores them (not in the library yet)")
+    if site.rope and _rope_of(site) is None:
+        notes.append("the module applies rotary position embeddings (RoPE) whose settings "
+                     "(config.rope_theta without rope_scaling) were not found; kappa(J) ignores "
+                     "them")
     return X, notes
+
+
+def _rope_of(site: AttentionSite) -> Optional[sc.Rope]:
+    """Hugging Face's rotate_half RoPE at positions 0, 1, … from the module's config, where it
+    is the plain one (no rope_scaling; partial_rotary_factor honoured); else None."""
+    if not site.rope or site.kind != "huggingface":
+        return None
+    config = getattr(site.module, "config", None)
+    theta = getattr(config, "rope_theta", None)
+    if not isinstance(theta, (int, float)) or getattr(config, "rope_scaling", None):
+        return None
+    factor = getattr(config, "partial_rotary_factor", 1.0) or 1.0
+    dims = int(site.head_dim * factor)
+    return sc.Rope("rotate_half", theta=float(theta), dims=0 if dims == site.head_dim else dims)
+
+
+def _head_extras(site: AttentionSite, h: int) -> Tuple[Any, Optional[sc.Rope]]:
+    """Head h's slices of the module's Q/K/V biases (None without biases) and its RoPE."""
+    d = site.head_dim
+    g = h // (site.heads // site.kv_heads)
+    bs = (site.q.b(), site.k.b(), site.v.b())
+    biases = None
+    if any(b is not None for b in bs):
+        biases = tuple(None if b is None else b[j * d:(j + 1) * d] for b, j in zip(bs, (h, g, g)))
+    return biases, _rope_of(site)
 
 
 def _head_weights(site: AttentionSite, WQ: np.ndarray, WK: np.ndarray, WV: np.ndarray,
@@ -464,9 +502,11 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
     (kappa_jacobian with `method` and `tol`, MATH.md §12; the result carries the method used
     and its accuracy), with the attention diagnostics (MATH.md §11: the pattern, J's block
     norms, the bound without hypothesis) when `diagnostics`. Biases, RoPE and query/key
-    normalisation are not in the library's attention: such modules are flagged (has_bias,
-    rope) and their note says that kappa(J) ignores them. `mask` ('none' or 'causal') is the
-    mask kappa(J) uses. `progress` is called with the fraction of heads done.
+    normalisation: kappa(J) is taken with the module's Q/K/V biases and, for Hugging Face modules
+    whose config gives a plain rope_theta, with its RoPE (rotate_half, positions 0, 1, …; MATH.md
+    §10); other RoPE variants and query/key normalisation are flagged (has_bias, rope) and the
+    note says what kappa(J) ignores. `mask` ('none' or 'causal') is the mask kappa(J) uses.
+    `progress` is called with the fraction of heads done.
     """
     sites = find_attention(model)
     if not sites:
@@ -483,16 +523,22 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
         d = s.head_dim
         for h in range(s.heads):
             g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
+            biases, rope = _head_extras(s, h)
             notes = list(base_notes)
             J = None
             diag = None
             if jacobian and X is not None:
                 J = sc.kappa_jacobian(X, wq, wk, wv, method=method, tol=tol, scale=s.scale,
-                                      mask=mask)
+                                      mask=mask, biases=biases, rope=rope)
                 if J.note:
                     notes.append(J.note)
+                if biases is not None or rope is not None:
+                    notes.append("kappa(J) with the module's " + " and ".join(
+                        w for w, on in (("biases", biases is not None), ("RoPE", rope is not None))
+                        if on) + " (MATH.md §10)")
                 if diagnostics:
-                    diag = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=mask)
+                    diag = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=mask,
+                                                    biases=biases, rope=rope)
                     if diag.note:
                         notes.append(diag.note)
             nan = float("nan")
@@ -622,6 +668,7 @@ class KappaMonitor:
         import time
 
         g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
+        biases, rope = _head_extras(s, h)
         nan = float("nan")
         r = dict(base, kind="head", head=h, kv_head=g, kappa_WQ=sc.kappa(wq).kappa,
                  kappa_WK=sc.kappa(wk).kappa, kappa_WV=sc.kappa(wv).kappa, kappa_J=nan,
@@ -643,7 +690,8 @@ class KappaMonitor:
         t = time.perf_counter()
         try:
             J = sc.kappa_jacobian(X, wq, wk, wv, method=self.method, tol=self.tol,
-                                  scale=s.scale, mask=self.mask, progress=check)
+                                  scale=s.scale, mask=self.mask, progress=check, biases=biases,
+                                  rope=rope)
         except _Budget:
             r["info"] = "budget"
             r["seconds"] = time.perf_counter() - t
@@ -655,7 +703,8 @@ class KappaMonitor:
         if J.note:
             notes = notes + [J.note]
         if self.diagnostics:
-            d = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=self.mask)
+            d = sc.attention_diagnostics(X, wq, wk, wv, scale=s.scale, mask=self.mask,
+                                         biases=biases, rope=rope)
             r.update(row_max_mean=d.row_max_mean, row_max_min=d.row_max_min,
                      entropy_mean=d.entropy_mean, saturated_fraction=d.saturated_fraction,
                      ratio_QK_V=d.ratio_QK_V, collapsed=d.collapsed,

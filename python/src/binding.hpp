@@ -194,6 +194,50 @@ AttentionOptions<Scalar> attention_options(const char* fn, std::optional<double>
   return o;
 }
 
+/// Adds the biases and RoPE of `extras` to `o` (MATH.md §10): None, or the dict built by
+/// spectral_cond._arrays.as_extras, {"bias_q": k x 1 array or None, "bias_k", "bias_v",
+/// "rope": (pairing, theta, dims, offset) or None}. Biases of either float dtype are converted.
+template <typename Scalar>
+void apply_extras(const char* fn, const nb::object& extras, AttentionOptions<Scalar>& o) {
+  if (extras.is_none()) return;
+  const nb::dict d = nb::cast<nb::dict>(extras);
+  auto bias = [&](const char* key, Vec<Scalar>& dst) {
+    if (!d.contains(key) || d[key].is_none()) return;
+    Array a;
+    if (!nb::try_cast<Array>(d[key], a)) type_error(fn, std::string(key) + " must be an array");
+    const Dtype t = check_matrix(fn, key, a);
+    const Mat<Scalar> m = t == Dtype::Float64 ? view<double>(a).template cast<Scalar>().eval()
+                                              : view<float>(a).template cast<Scalar>().eval();
+    if (m.cols() != 1) value_error(fn, std::string(key) + " must be a vector");
+    dst = m.col(0);
+  };
+  bias("bias_q", o.bias_q);
+  bias("bias_k", o.bias_k);
+  bias("bias_v", o.bias_v);
+  if (d.contains("rope") && !d["rope"].is_none()) {
+    const nb::tuple t = nb::cast<nb::tuple>(d["rope"]);
+    RopeOptions r;
+    try {
+      r.pairing = parse_rope_pairing(nb::cast<std::string>(t[0]));
+    } catch (const std::invalid_argument& e) {
+      value_error(fn, e.what());
+    }
+    r.theta = nb::cast<double>(t[1]);
+    r.dims = nb::cast<Index>(t[2]);
+    r.offset = nb::cast<Index>(t[3]);
+    o.rope = r;
+  }
+}
+
+/// attention_options with the biases and RoPE of `extras` (apply_extras).
+template <typename Scalar>
+AttentionOptions<Scalar> attention_options(const char* fn, std::optional<double> scale,
+                                           const nb::object& mask, const nb::object& extras) {
+  AttentionOptions<Scalar> o = attention_options<Scalar>(fn, scale, mask);
+  apply_extras<Scalar>(fn, extras, o);
+  return o;
+}
+
 /// The four inputs of every attention routine, checked and viewed.
 template <typename Scalar>
 struct Inputs {

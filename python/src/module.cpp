@@ -92,15 +92,17 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
                            const std::string& method, double tol, std::optional<double> scale,
                            const nb::object& mask, std::optional<double> rtol, unsigned threads,
                            int64_t block_cols, std::optional<uint64_t> seed,
-                           const nb::object& progress) {
+                           const nb::object& progress, const nb::object& extras,
+                           bool include_biases) {
   constexpr const char* fn = "kappa_jacobian";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const Inputs<S> in(fn, X, WQ, WK, WV);
     const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
-    const AttentionOptions<S> o = attention_options<S>(fn, scale, mask);
+    const AttentionOptions<S> o = attention_options<S>(fn, scale, mask, extras);
     JacobianKappaOptions jo = jacobian_options(fn, method, tol, rtol, threads, block_cols, seed);
+    jo.include_biases = include_biases;
     Progress bridge(progress);
     jo.progress = bridge.function();
     const ConditionResult<double> r =
@@ -115,6 +117,9 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
     out["D"] = int64_t(x.cols());
     out["d_k"] = int64_t(wq.cols());
     out["d_v"] = int64_t(wv.cols());
+    out["biases"] = o.has_biases();
+    out["include_biases"] = include_biases;
+    out["rope"] = o.rope ? nb::object(nb::str(to_string(o.rope->pairing))) : nb::none();
     return out;
   });
 }
@@ -157,14 +162,15 @@ nb::dict free_bound_dict(const HypothesisFreeBound& b) {
 /// The attention pattern, the block norms of J and the bound without hypothesis (MATH.md §5,
 /// §11), in double whatever the inputs' dtype.
 nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
-                                  std::optional<double> scale, const nb::object& mask) {
+                                  std::optional<double> scale, const nb::object& mask,
+                                  const nb::object& extras) {
   constexpr const char* fn = "attention_diagnostics";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const Inputs<S> in(fn, X, WQ, WK, WV);
     const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
-    const AttentionOptions<double> o = attention_options<double>(fn, scale, mask);
+    const AttentionOptions<double> o = attention_options<double>(fn, scale, mask, extras);
     const Mat<double> xd = x.template cast<double>(), qd = wq.template cast<double>(),
                       kd = wk.template cast<double>(), vd = wv.template cast<double>();
     AttentionDiagnostics diag;
@@ -339,6 +345,7 @@ NB_MODULE(_core, m) {
         nb::arg("WV"), nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("threads") = 0u,
         nb::arg("block_cols") = 0, nb::arg("seed") = none, nb::arg("progress") = none,
+        nb::arg("extras") = none, nb::arg("include_biases") = false,
         "kappa(J) of one attention block (MATH.md §12), as a dict");
   m.def("theorem34", &theorem34_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"), nb::arg("WV"),
         nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
@@ -347,6 +354,7 @@ NB_MODULE(_core, m) {
         "Every term of Theorem 3.4 (MATH.md §5), as a dict");
   m.def("attention_diagnostics", &attention_diagnostics_py, nb::arg("X"), nb::arg("WQ"),
         nb::arg("WK"), nb::arg("WV"), nb::arg("scale") = none, nb::arg("mask") = none,
+        nb::arg("extras") = none,
         "The attention pattern, J's block norms and the bound without hypothesis (MATH.md §5, "
         "§11)");
   m.def("exact_correction", &exact_correction_py, nb::arg("W"), nb::arg("target") = none,

@@ -35,9 +35,10 @@ def np_attention(X, WQ, WK, WV, scale=None, mask=None):
     return P @ V
 
 
-def torch_jacobian(X, WQ, WK, WV, scale=None, causal=False):
+def torch_jacobian(X, WQ, WK, WV, scale=None, causal=False, biases=None):
     """J by torch.func.jacrev, in MATH.md §1's column-major convention: row i + N q for A[i, q],
-    column a + D b for W[a, b], blocks [W_Q | W_K | W_V]."""
+    column a + D b for W[a, b], blocks [W_Q | W_K | W_V]; `biases` (b_Q, b_K, b_V) are added to
+    Q, K, V (MATH.md §10)."""
     import torch
 
     Xt = torch.tensor(X, dtype=torch.float64)
@@ -45,11 +46,14 @@ def torch_jacobian(X, WQ, WK, WV, scale=None, causal=False):
     dk, dv = WQ.shape[1], WV.shape[1]
     c = 1 / np.sqrt(dk) if scale is None else scale
 
+    bq, bk, bv = ([0.0] * 3 if biases is None else
+                  [torch.tensor(b, dtype=torch.float64) for b in biases])
+
     def f(wq, wk, wv):
-        Z = c * (Xt @ wq) @ (Xt @ wk).T
+        Z = c * (Xt @ wq + bq) @ (Xt @ wk + bk).T
         if causal:
             Z = Z + torch.triu(torch.full((N, N), float("-inf"), dtype=torch.float64), 1)
-        return torch.softmax(Z, dim=1) @ (Xt @ wv)
+        return torch.softmax(Z, dim=1) @ (Xt @ wv + bv)
 
     ws = [torch.tensor(w, dtype=torch.float64) for w in (WQ, WK, WV)]
     jac = torch.func.jacrev(f, argnums=(0, 1, 2))(*ws)

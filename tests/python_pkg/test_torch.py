@@ -208,20 +208,24 @@ def test_bad_arguments():
 
 def test_analyze_model_mha_against_jacrev_svd():
     model = models()["mha"]
+    with torch.no_grad():  # trained-like biases (PyTorch initialises them to zero)
+        model.attn.in_proj_bias.copy_(torch.randn(24, dtype=model.attn.in_proj_bias.dtype))
     x = torch.randn(3, 6, 8)
     res = sct.analyze_model(model, x, sample=1)
     assert isinstance(res, sct.ModelAnalysis) and len(res) == 4
     W = model.attn.in_proj_weight.detach().numpy()
+    B = model.attn.in_proj_bias.detach().numpy()
     WQ, WK, WV = W[:8].T, W[8:16].T, W[16:].T
     X = x[1].numpy()
     for r in res:
         h = r.head
         wq, wk, wv = (w[:, 2 * h:2 * h + 2] for w in (WQ, WK, WV))
-        s = np.linalg.svd(torch_jacobian(X, wq, wk, wv), compute_uv=False)
+        b = tuple(B[o + 2 * h:o + 2 * h + 2] for o in (0, 8, 16))
+        s = np.linalg.svd(torch_jacobian(X, wq, wk, wv, biases=b), compute_uv=False)
         assert r.kappa_J == pytest.approx(s[0] / s[-1], rel=1e-9)
         sq = np.linalg.svd(wq, compute_uv=False)
         assert r.kappa_WQ == pytest.approx(sq[0] / sq[-1], rel=1e-12)
-        assert r.has_bias and "biases" in r.note and not r.rope
+        assert r.has_bias and "with the module's biases" in r.note and not r.rope
         assert (r.N, r.D, r.d_k) == (6, 8, 2) and r.jacobian.method == r.method
     df = res.to_pandas()
     assert list(df["head"]) == [0, 1, 2, 3] and "kappa_J" in df.columns

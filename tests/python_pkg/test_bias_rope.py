@@ -1,0 +1,194 @@
+"""Attention as trained models compute it (MATH.md §10): Q/K/V biases and RoPE in both pairings,
+through the binding, against torch.func.jacrev of the Hugging Face formulas (rotate_half as in
+transformers' apply_rotary_pos_emb, interleaved as in GPT-J's rotate_every_two) at small sizes."""
+
+import numpy as np
+import pytest
+
+import spectral_cond as sc
+
+torch = pytest.importorskip("torch")
+
+
+def hf_attention(X, wq, wk, wv, bq, bk, bv, rope, c):
+    """softmax(c q~ k~^T) v with q = X W_Q + b_Q etc. and RoPE written the way the Hugging Face
+    and GPT-J code write it."""
+    q, k, v = X @ wq, X @ wk, X @ wv
+    if bq is not None:
+        q = q + bq
+    if bk is not None:
+        k = k + bk
+    if bv is not None:
+        v = v + bv
+    if rope is not None:
+        N, d = q.shape
+        rd = rope.dims or d
+        inv_freq = 1.0 / (rope.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+        pos = torch.arange(N, dtype=torch.float64) + rope.offset
+        freqs = torch.outer(pos, inv_freq)
+        if rope.pairing == "rotate_half":
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+
+            def rot(x):
+                x1, x2 = x[:, : rd // 2], x[:, rd // 2:]
+                return torch.cat((-x2, x1), dim=-1)
+        else:
+            cos = torch.repeat_interleave(freqs.cos(), 2, dim=-1)
+            sin = torch.repeat_interleave(freqs.sin(), 2, dim=-1)
+
+            def rot(x):
+                return torch.stack((-x[:, 1::2], x[:, ::2]), dim=-1).flatten(-2)
+
+        def apply(x):
+            xr = x[:, :rd]
+            return torch.cat((xr * cos + rot(xr) * sin, x[:, rd:]), dim=-1)
+
+        q, k = apply(q), apply(k)
+    return torch.softmax(c * q @ k.T, dim=-1) @ v
+
+
+def column_major(jac, N, dv):
+    """jacrev's (N, d_v, rows, cols) blocks in MATH.md §1's column-major vec convention."""
+    out = []
+    for j in jac:
+        if j.dim() == 4:
+            out.append(j.permute(1, 0, 3, 2).reshape(N * dv, -1).numpy())
+        else:  # a bias: (N, d_v, k)
+            out.append(j.permute(1, 0, 2).reshape(N * dv, -1).numpy())
+    return np.hstack(out)
+
+
+CASES = [
+    ("biases", True, None),
+    ("rotate_half", False, sc.Rope("rotate_half", theta=100.0, dims=4, offset=2)),
+    ("interleaved", False, sc.Rope("interleaved", theta=10000.0)),
+    ("biases+rotate_half", True, sc.Rope("rotate_half")),
+    ("biases+interleaved", True, sc.Rope("interleaved", theta=50.0, offset=5)),
+]
+
+
+@pytest.mark.parametrize("name,biased,rope", CASES, ids=[c[0] for c in CASES])
+def test_jacobian_against_jacrev_of_the_hugging_face_formula(name, biased, rope):
+    rng = np.random.default_rng(7)
+    N, D, dk, dv = 5, 7, 6, 3
+    X = rng.standard_normal((N, D))
+    WQ, WK = rng.standard_normal((D, dk)) * 0.6, rng.standard_normal((D, dk)) * 0.6
+    WV = rng.standard_normal((D, dv)) * 0.4
+    b = (rng.standard_normal(dk), rng.standard_normal(dk), rng.standard_normal(dv))
+    biases = b if biased else None
+    c = 1 / np.sqrt(dk)
+    T = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    Xt = T(X)
+    tb = [T(v) for v in b] if biased else [None, None, None]
+
+    def f(wq, wk, wv, bq, bk, bv):
+        return hf_attention(Xt, wq, wk, wv, bq, bk, bv, rope, c)
+
+    args = [T(WQ), T(WK), T(WV)] + [T(v) for v in b]
+    A_ref = f(*args[:3], *tb).numpy()
+    A = sc.attention(X, WQ, WK, WV, biases=biases, rope=rope)
+    assert np.abs(A - A_ref).max() < 1e-13
+
+    if biased:
+        jac = torch.func.jacrev(f, argnums=(0, 1, 2, 3, 4, 5))(*args)
+    else:
+        jac = torch.func.jacrev(lambda wq, wk, wv: f(wq, wk, wv, None, None, None),
+                                argnums=(0, 1, 2))(*args[:3])
+    ref = column_major(jac, N, dv)
+    J = sc.attention_jacobian(X, WQ, WK, WV, biases=biases, rope=rope)
+    nW = J.shape[1]
+    scale = np.abs(ref).max()
+    assert np.abs(J - ref[:, :nW]).max() <= 1e-10 * scale
+    Jb = sc.attention_jacobian(X, WQ, WK, WV, block="bias", biases=biases, rope=rope)
+    if biased:
+        assert np.abs(Jb - ref[:, nW:]).max() <= 1e-10 * scale
+    key_bias = np.abs(Jb[:, dk:2 * dk]).max()
+    if rope is None:
+        assert key_bias == 0.0  # the exact null space of the key bias
+    else:
+        assert key_bias > 1e-3
+
+    # The Gram matrix and the VJP's bias cotangents.
+    G = sc.attention_gram(X, WQ, WK, WV, biases=biases, rope=rope)
+    assert np.abs(G - J @ J.T).max() <= 1e-12 * np.abs(G).max()
+    g = rng.standard_normal((N, dv))
+    grads = sc.attention_vjp(X, WQ, WK, WV, g, biases=biases, rope=rope)
+    gb = Jb.T @ g.reshape(-1, order="F")
+    assert np.allclose(np.concatenate([grads.dbQ, grads.dbK, grads.dbV]), gb, rtol=0, atol=1e-12)
+
+
+def test_kappa_jacobian_with_biases_and_rope_agrees_with_the_svd():
+    rng = np.random.default_rng(3)
+    N, D, dk, dv = 4, 12, 4, 4
+    X = rng.standard_normal((N, D))
+    WQ, WK, WV = (rng.standard_normal((D, w)) / np.sqrt(D) for w in (dk, dk, dv))
+    b = (rng.standard_normal(dk), rng.standard_normal(dk), rng.standard_normal(dv))
+    rope = sc.Rope("interleaved")
+    J = sc.attention_jacobian(X, WQ, WK, WV, biases=b, rope=rope)
+    s = np.linalg.svd(J, compute_uv=False)
+    for method in ("dense", "qr", "auto"):
+        r = sc.kappa_jacobian(X, WQ, WK, WV, method=method, biases=b, rope=rope)
+        assert r.rope == "interleaved" and r.biases
+        assert abs(r.kappa - s[0] / s[-1]) <= 1e-9 * r.kappa
+    Jwb = np.hstack([J, sc.attention_jacobian(X, WQ, WK, WV, block="bias", biases=b, rope=rope)])
+    s2 = np.linalg.svd(Jwb, compute_uv=False)
+    r = sc.kappa_jacobian(X, WQ, WK, WV, method="qr", biases=b, rope=rope, include_biases=True)
+    assert r.include_biases
+    assert abs(r.kappa - s2[0] / s2[-1]) <= 1e-9 * r.kappa
+
+
+def test_bad_biases_and_rope_are_named():
+    rng = np.random.default_rng(1)
+    X, W = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
+    with pytest.raises(ValueError, match="bias_q must have length 4"):
+        sc.attention(X, W, W, W, biases=(np.ones(3), None, None))
+    with pytest.raises(ValueError, match="bias_k must be a vector"):
+        sc.attention(X, W, W, W, biases=(None, np.ones((2, 2)), None))
+    with pytest.raises(TypeError, match="biases must be a tuple"):
+        sc.attention(X, W, W, W, biases=np.ones(4))
+    with pytest.raises(ValueError, match="rotate_half or interleaved"):
+        sc.attention(X, W, W, W, rope="neox")
+    with pytest.raises(ValueError, match="does not model RoPE"):
+        sc.attention_jacobian(X, W, W, W, block="x", rope="rotate_half")
+
+
+def test_analyze_model_uses_the_modules_biases_and_rope():
+    """A Llama-shaped module (q/k/v_proj with biases, as Qwen2 has, and rotary_emb with
+    config.rope_theta): analyze_model's kappa(J) per head is that of jacrev of the HF formula."""
+    import spectral_cond.torch as sct
+    from torch import nn
+
+    class Config:
+        rope_theta = 500.0
+        rope_scaling = None
+        num_attention_heads = 2
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.num_heads, self.head_dim = 2, 4
+            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(8, 8) for _ in range(3))
+            self.rotary_emb = nn.Identity()
+
+        def forward(self, x):
+            return self.q_proj(x) + self.k_proj(x) + self.v_proj(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Attn()).double()
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    res = sct.analyze_model(model, x)
+    m = model[0]
+    X = x[0]
+    rope = sc.Rope("rotate_half", theta=500.0)
+    for r in res:
+        h = r.head
+        sl = slice(4 * h, 4 * h + 4)
+        w = [lin.weight.detach()[sl].T for lin in (m.q_proj, m.k_proj, m.v_proj)]
+        b = [lin.bias.detach()[sl] for lin in (m.q_proj, m.k_proj, m.v_proj)]
+        jac = torch.func.jacrev(
+            lambda wq, wk, wv: hf_attention(X, wq, wk, wv, *b, rope, 0.5), argnums=(0, 1, 2))(*w)
+        s = np.linalg.svd(column_major(jac, 6, 4), compute_uv=False)
+        assert r.rope and r.has_bias and "biases and RoPE" in r.note
+        assert r.kappa_J == pytest.approx(s[0] / s[-1], rel=1e-9)
