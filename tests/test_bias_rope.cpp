@@ -121,7 +121,8 @@ Mat<double> stack_weights(const Block& b) {
   const Index nq = b.WQ.size(), nk = b.WK.size(), nv = b.WV.size();
   Mat<double> w(nq + nk + nv, 1);
   w.col(0) << Eigen::Map<const Vec<double>>(b.WQ.data(), nq),
-      Eigen::Map<const Vec<double>>(b.WK.data(), nk), Eigen::Map<const Vec<double>>(b.WV.data(), nv);
+      Eigen::Map<const Vec<double>>(b.WK.data(), nk),
+      Eigen::Map<const Vec<double>>(b.WV.data(), nv);
   return w;
 }
 
@@ -171,8 +172,8 @@ TEST_CASE("forward: biases and RoPE as the reference written from the formulas")
   Block h = make_block(5, 4, 4, 2, 7, false, RopeOptions{});
   Block i = h;
   i.opts.rope->pairing = RopePairing::Interleaved;
-  CHECK(rel_err(attention(h.X, h.WQ, h.WK, h.WV, h.opts), attention(i.X, i.WQ, i.WK, i.WV, i.opts)) >
-        1e-6);
+  CHECK(rel_err(attention(h.X, h.WQ, h.WK, h.WV, h.opts),
+                attention(i.X, i.WQ, i.WK, i.WV, i.opts)) > 1e-6);
   // float follows double to float rounding.
   const Block& b = variants(7, 6, 6, 3, 111)[3];
   AttentionOptions<float> fo;
@@ -233,12 +234,12 @@ TEST_CASE("JVP and VJP with biases and RoPE are J and J^T exactly, bias tangents
     const AttentionGradients<double> g = attention_vjp<double>(b.X, b.WQ, b.WK, b.WV, ca, G);
     const Vec<double> gv = Eigen::Map<const Vec<double>>(G.data(), G.size());
     const Vec<double> JTg = J.transpose() * gv, JbTg = Jb.transpose() * gv;
-    CHECK(rel_err(Eigen::Map<const Vec<double>>(g.dWQ.data(), g.dWQ.size()),
-                  JTg.head(D * dk)) < 1e-13);
+    CHECK(rel_err(Eigen::Map<const Vec<double>>(g.dWQ.data(), g.dWQ.size()), JTg.head(D * dk)) <
+          1e-13);
     CHECK(rel_err(Eigen::Map<const Vec<double>>(g.dWK.data(), g.dWK.size()),
                   JTg.segment(D * dk, D * dk)) < 1e-13);
-    CHECK(rel_err(Eigen::Map<const Vec<double>>(g.dWV.data(), g.dWV.size()),
-                  JTg.tail(D * dv)) < 1e-13);
+    CHECK(rel_err(Eigen::Map<const Vec<double>>(g.dWV.data(), g.dWV.size()), JTg.tail(D * dv)) <
+          1e-13);
     CHECK(rel_err(g.dbQ, JbTg.head(dk)) < 1e-13);
     CHECK(rel_err(g.dbV, JbTg.tail(dv)) < 1e-13);
     if (b.opts.rope)
@@ -273,8 +274,8 @@ TEST_CASE("JVP and VJP with biases and RoPE are J and J^T exactly, bias tangents
 TEST_CASE("Gram, normal and compressed forms with biases and RoPE equal those of J") {
   for (const Block& b : variants(6, 5, 4, 3, 401)) {
     INFO(describe(b));
-    for (JacobianBlock blk : {JacobianBlock::All, JacobianBlock::Q, JacobianBlock::K,
-                              JacobianBlock::V}) {
+    for (JacobianBlock blk :
+         {JacobianBlock::All, JacobianBlock::Q, JacobianBlock::K, JacobianBlock::V}) {
       INFO("block " << std::string(to_string(blk)));
       const Mat<double> J = attention_jacobian(b.X, b.WQ, b.WK, b.WV, b.opts, blk);
       const Mat<double> JJt = J * J.transpose(), JtJ = J.transpose() * J;
@@ -364,15 +365,16 @@ TEST_CASE("multi-head layer with fused biases and RoPE: each head is the single-
   mo.rope = RopeOptions{};
   mo.rope->theta = 50;
   const Mat<double> X = randn<double>(N, D, rng);
-  const Mat<double> WQ = randn<double>(D, h * dk, rng, 0.5), WK = randn<double>(D, hkv * dk, rng, 0.5),
+  const Mat<double> WQ = randn<double>(D, h * dk, rng, 0.5),
+                    WK = randn<double>(D, hkv * dk, rng, 0.5),
                     WV = randn<double>(D, hkv * dv, rng, 0.5);
   const MultiHeadCache<double> mc = multihead_forward(X, WQ, WK, WV, mo);
   const MultiHeadShape s = mo.check("test", X, WQ, WK, WV);
   for (Index j = 0; j < h; ++j) {
     const Index g = s.kv_of(j);
     const AttentionOptions<double> ho = detail::head_options(mo, s, j);
-    const Mat<double> Aj = reference_forward(X, WQ.middleCols(j * dk, dk), WK.middleCols(g * dk, dk),
-                                             WV.middleCols(g * dv, dv), ho);
+    const Mat<double> Aj = reference_forward(
+        X, WQ.middleCols(j * dk, dk), WK.middleCols(g * dk, dk), WV.middleCols(g * dv, dv), ho);
     CHECK(rel_err(mc.A.middleCols(j * dv, dv), Aj) < 1e-14);
   }
   // The layer's JVP against finite differences of its forward pass, and its VJP as J^T.
@@ -400,11 +402,13 @@ TEST_CASE("multi-head layer with fused biases and RoPE: each head is the single-
   const Mat<double> dAfd = central_difference<double>(
       [&](const Mat<double>& x) {
         const Index n = D * h * dk, m = D * hkv * dk;
-        return multihead_forward(Mat<double>(Eigen::Map<const Mat<double>>(x.data(), N, D)),
-                                 Mat<double>(Eigen::Map<const Mat<double>>(x.data() + N * D, D, h * dk)),
-                                 Mat<double>(Eigen::Map<const Mat<double>>(x.data() + N * D + n, D, hkv * dk)),
-                                 Mat<double>(Eigen::Map<const Mat<double>>(x.data() + N * D + n + m, D, hkv * dv)),
-                                 mo)
+        return multihead_forward(
+                   Mat<double>(Eigen::Map<const Mat<double>>(x.data(), N, D)),
+                   Mat<double>(Eigen::Map<const Mat<double>>(x.data() + N * D, D, h * dk)),
+                   Mat<double>(Eigen::Map<const Mat<double>>(x.data() + N * D + n, D, hkv * dk)),
+                   Mat<double>(
+                       Eigen::Map<const Mat<double>>(x.data() + N * D + n + m, D, hkv * dv)),
+                   mo)
             .A;
       },
       [&] {
@@ -442,12 +446,12 @@ TEST_CASE("biases and RoPE: bad input named, and the routines that do not model 
                        std::invalid_argument);
   o = b.opts;
   o.bias_v(0) = std::numeric_limits<double>::quiet_NaN();
-  CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o), doctest::Contains("bias_v must be finite"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o),
+                       doctest::Contains("bias_v must be finite"), std::invalid_argument);
   o = b.opts;
   o.rope->dims = 3;
-  CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o), doctest::Contains("rope dims must be even"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o),
+                       doctest::Contains("rope dims must be even"), std::invalid_argument);
   o = b.opts;
   o.rope->theta = 0;
   CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o), doctest::Contains("rope theta"),

@@ -143,8 +143,9 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
   detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
   if (opts.extended())
-    detail::fail(fn, "Theorem 3.4 is stated for the block without biases or RoPE (MATH.md §5, "
-                     "§10); kappa_jacobian computes kappa(J) with them");
+    detail::fail(fn,
+                 "Theorem 3.4 is stated for the block without biases or RoPE (MATH.md §5, "
+                 "§10); kappa_jacobian computes kappa(J) with them");
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   KappaOptions<double> ko;
   ko.rtol = bo.rtol;

@@ -68,7 +68,7 @@ template <typename Scalar>
 struct AttentionBatch {
   std::vector<Mat<Scalar>> X;           ///< N x D each; size 1 (shared) or size()
   std::vector<Mat<Scalar>> WQ, WK, WV;  ///< D x d_k, D x d_k, D x d_v, one per item
-  AttentionOptions<Scalar> opts;        ///< scale c and mask, shared by every item (no biases, RoPE)
+  AttentionOptions<Scalar> opts;  ///< scale c and mask, shared by every item (no biases, RoPE)
 
   Index size() const { return static_cast<Index>(WQ.size()); }
   const Mat<Scalar>& x(Index i) const { return X.size() == 1 ? X[0] : X[static_cast<size_t>(i)]; }

@@ -147,8 +147,8 @@ void write_jacobian_qk(const JacobianParts<Scalar>& jp, const CRef<Scalar>& X, b
     RopeColumnScratch<Scalar> s;
     for (Index b = 0; b < dk; ++b)
       for (Index a = 0; a < D; ++a)
-        rope_key_column<Scalar>(jp.fwd, X.col(a), b, column_as_matrix<Scalar>(out, a + D * b, N, dv),
-                                s);
+        rope_key_column<Scalar>(jp.fwd, X.col(a), b,
+                                column_as_matrix<Scalar>(out, a + D * b, N, dv), s);
   } else {
     for (Index a = 0; a < D; ++a) {
       const Eigen::Map<const Mat<Scalar>> Ea(jp.E.col(a).data(), N, dv);

@@ -71,8 +71,8 @@ void multihead_jacobian_head(const CRef<Scalar>& X, const CRef<Scalar>& WQ, cons
   }
   const Index g = s.kv_of(head);
   attention_jacobian<Scalar>(X, WQ.middleCols(head * s.d_k, s.d_k), WK.middleCols(g * s.d_k, s.d_k),
-                             WV.middleCols(g * s.d_v, s.d_v), detail::head_options(opts, s, head), block,
-                             out);
+                             WV.middleCols(g * s.d_v, s.d_v), detail::head_options(opts, s, head),
+                             block, out);
 }
 
 /// By-value form of multihead_jacobian_head.

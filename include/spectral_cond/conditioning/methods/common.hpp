@@ -128,8 +128,9 @@ std::optional<ConditionResult<double>> zero_jacobian(const CRef<Scalar>& X, cons
 /// The single-method entry points do not reparametrise (only kappa_jacobian does).
 inline void refuse_include_biases(const char* fn, const JacobianKappaOptions& jo) {
   if (jo.include_biases)
-    fail(fn, "include_biases is applied by kappa_jacobian; pass with_bias_parameters' inputs "
-             "to a single method");
+    fail(fn,
+         "include_biases is applied by kappa_jacobian; pass with_bias_parameters' inputs "
+         "to a single method");
 }
 
 /// The checks every kappa_jacobian* entry point starts with: throws for bad options or shapes;
