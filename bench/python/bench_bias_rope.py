@@ -8,20 +8,14 @@ softmax products, J_K J_K^T unstructured (gram) and the query-key reduction of q
 
 import argparse
 import os
-import time
+import sys
 
 import numpy as np
 
 import spectral_cond as sc
 
-
-def best_of(f, repeats):
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t0)
-    return best
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_binding import best_of  # noqa: E402  (one timing helper for the Python benchmarks)
 
 
 def main():
