@@ -175,7 +175,7 @@ TEST_CASE("forward: biases and RoPE as the reference written from the formulas")
   CHECK(rel_err(attention(h.X, h.WQ, h.WK, h.WV, h.opts),
                 attention(i.X, i.WQ, i.WK, i.WV, i.opts)) > 1e-6);
   // float follows double to float rounding.
-  const Block& b = variants(7, 6, 6, 3, 111)[3];
+  const Block b = variants(7, 6, 6, 3, 111)[3];
   AttentionOptions<float> fo;
   fo.bias_q = b.opts.bias_q.cast<float>();
   fo.bias_k = b.opts.bias_k.cast<float>();
