@@ -456,9 +456,40 @@ TEST_CASE("biases and RoPE: bad input named, and the routines that do not model 
   o.rope->theta = 0;
   CHECK_THROWS_WITH_AS(attention(b.X, b.WQ, b.WK, b.WV, o), doctest::Contains("rope theta"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(theorem34<double>(b.X, b.WQ, b.WK, b.WV, b.opts),
-                       doctest::Contains("without biases or RoPE"), std::invalid_argument);
   CHECK(parse_rope_pairing("interleaved") == RopePairing::Interleaved);
   CHECK_THROWS_WITH_AS(parse_rope_pairing("neox"), doctest::Contains("rotate_half or interleaved"),
                        std::invalid_argument);
+}
+
+TEST_CASE("theorem34 with biases and RoPE: every term computed, the bound not applicable") {
+  // Without them the bound applies (the control).
+  const Block plain = make_block(6, 5, 4, 3, 700, false, std::nullopt);
+  const Theorem34Report r0 = theorem34<double>(plain.X, plain.WQ, plain.WK, plain.WV, plain.opts);
+  CHECK(r0.bound_applies);
+  CHECK(std::isfinite(r0.bound_plus));
+  CHECK(r0.holds_plus);
+  for (const Block& b : variants(6, 5, 4, 3, 701)) {
+    CAPTURE(describe(b));
+    REQUIRE(b.opts.extended());
+    const Theorem34Report r = theorem34<double>(b.X, b.WQ, b.WK, b.WV, b.opts);
+    const Vec<double> s =
+        attention_jacobian(b.X, b.WQ, b.WK, b.WV, b.opts).jacobiSvd().singularValues();
+    const double kref = s(0) / s(s.size() - 1);
+    CHECK(std::abs(r.J.kappa - kref) <= std::max(1e-9, 100 * sc_test::eps<double>() * kref * kref));
+    CHECK(r.J.kappa == kappa_jacobian<double>(b.X, b.WQ, b.WK, b.WV, b.opts).kappa);
+    CHECK(r.X.kappa == kappa(b.X).kappa);
+    CHECK(r.WQ.kappa == kappa(b.WQ).kappa);
+    // P of the biased, rotated logits.
+    CHECK(r.P.kappa == kappa(attention_forward(b.X, b.WQ, b.WK, b.WV, b.opts).P).kappa);
+    CHECK_FALSE(r.bound_applies);
+    CHECK(std::isnan(r.bound));
+    CHECK(std::isnan(r.bound_plus));
+    CHECK(std::isnan(r.ratio_plus));
+    CHECK_FALSE(r.holds);
+    CHECK_FALSE(r.holds_plus);
+    CHECK(r.verdict.find("not applicable") != std::string::npos);
+    // The hypothesis-free bound holds with biases and RoPE: J_V = I (x) P X still.
+    REQUIRE(r.have_diagnostics);
+    CHECK(r.free_bound_holds);
+  }
 }

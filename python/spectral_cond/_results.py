@@ -168,6 +168,7 @@ class Theorem34Report(_Result):
     JQ: Optional[ConditionResult]
     JK: Optional[ConditionResult]
     JV: Optional[ConditionResult]
+    bound_applies: bool
     bound: float
     bound_plus: float
     ratio: float

@@ -190,14 +190,14 @@ nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& 
 nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
                       const std::string& method, double tol, std::optional<double> scale,
                       const nb::object& mask, std::optional<double> rtol, bool blocks,
-                      unsigned threads, const nb::object& progress) {
+                      unsigned threads, const nb::object& progress, const nb::object& extras) {
   constexpr const char* fn = "theorem34";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
     const Inputs<S> in(fn, X, WQ, WK, WV);
     const CRef<S>&x = in.X, &wq = in.WQ, &wk = in.WK, &wv = in.WV;
-    const AttentionOptions<S> o = attention_options<S>(fn, scale, mask);
+    const AttentionOptions<S> o = attention_options<S>(fn, scale, mask, extras);
     BoundOptions bo;
     bo.jacobian = jacobian_options(fn, method, tol, rtol, threads, 0, std::nullopt);
     if (rtol) bo.rtol = *rtol;
@@ -220,6 +220,7 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
     } else {
       out["JQ"] = out["JK"] = out["JV"] = nb::none();
     }
+    out["bound_applies"] = r.bound_applies;
     out["bound"] = r.bound;
     out["bound_plus"] = r.bound_plus;
     out["ratio"] = r.ratio;
@@ -350,7 +351,7 @@ NB_MODULE(_core, m) {
   m.def("theorem34", &theorem34_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"), nb::arg("WV"),
         nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("blocks") = true,
-        nb::arg("threads") = 0u, nb::arg("progress") = none,
+        nb::arg("threads") = 0u, nb::arg("progress") = none, nb::arg("extras") = none,
         "Every term of Theorem 3.4 (MATH.md §5), as a dict");
   m.def("attention_diagnostics", &attention_diagnostics_py, nb::arg("X"), nb::arg("WQ"),
         nb::arg("WK"), nb::arg("WV"), nb::arg("scale") = none, nb::arg("mask") = none,

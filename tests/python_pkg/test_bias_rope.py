@@ -138,6 +138,24 @@ def test_kappa_jacobian_with_biases_and_rope_agrees_with_the_svd():
     assert abs(r.kappa - s2[0] / s2[-1]) <= 1e-9 * r.kappa
 
 
+def test_theorem34_with_biases_and_rope_reports_the_bound_not_applicable():
+    rng = np.random.default_rng(5)
+    N, D, dk, dv = 4, 8, 4, 3
+    X = rng.standard_normal((N, D))
+    WQ, WK, WV = (rng.standard_normal((D, w)) / np.sqrt(D) for w in (dk, dk, dv))
+    b = (rng.standard_normal(dk), rng.standard_normal(dk), rng.standard_normal(dv))
+    plain = sc.theorem34(X, WQ, WK, WV)
+    assert plain.bound_applies and np.isfinite(plain.bound_plus)
+    r = sc.theorem34(X, WQ, WK, WV, biases=b, rope=sc.Rope("rotate_half"))
+    assert not r.bound_applies
+    assert np.isnan(r.bound) and np.isnan(r.bound_plus)
+    assert not r.holds_plus and "not applicable" in r.verdict
+    s = np.linalg.svd(sc.attention_jacobian(X, WQ, WK, WV, biases=b, rope=sc.Rope("rotate_half")),
+                      compute_uv=False)
+    assert abs(r.J.kappa - s[0] / s[-1]) <= 1e-9 * r.J.kappa
+    assert r.free_bound_holds
+
+
 def test_bad_biases_and_rope_are_named():
     rng = np.random.default_rng(1)
     X, W = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))

@@ -17,6 +17,8 @@
 #include "spectral_cond/linalg/eigen.hpp"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 // Functions on double alone are written `template <typename = void>`: they are then compiled
 // only in the translation units that call them, not in every one that includes this header.
@@ -78,6 +80,11 @@ struct Theorem34Report {
   ConditionResult<double> X, Lambda, WQ, WK, WV, P, J;
   bool have_blocks = false;
   ConditionResult<double> JQ, JK, JV;  ///< per-block, when have_blocks
+  /// false with biases or RoPE (MATH.md §10): Theorem 3.4 is stated without them, so bound,
+  /// bound_plus and the ratios are NaN, holds and holds_plus false, and the verdict says so; every
+  /// κ term, κ(J) of the block as given, the diagnostics and the hypothesis-free bound (which
+  /// holds with them: J_V = I ⊗ P X still) are computed
+  bool bound_applies = true;
   double bound = 0;         ///< with kappa of every factor (+inf whenever 𝚲 enters: always)
   double bound_plus = 0;    ///< with kappa_plus of every factor
   double ratio = 0;         ///< bound / kappa(J) (NaN when both are +inf)
@@ -133,7 +140,9 @@ inline ConditionResult<double> block_condition(const KJInputs& in, JacobianBlock
 
 }  // namespace detail
 
-/// Theorem 3.4 for one attention block (MATH.md §5), every term computed.
+/// Theorem 3.4 for one attention block (MATH.md §5), every term computed. With biases or RoPE in
+/// `opts` the terms, κ(J) of that block and the diagnostics are computed, and the bound is
+/// reported as not applicable (Theorem34Report::bound_applies; MATH.md §10).
 template <typename Scalar>
 Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                           const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
@@ -142,10 +151,6 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
   bo.jacobian.check(fn);
   detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
   opts.check(fn, X.rows());
-  if (opts.extended())
-    detail::fail(fn,
-                 "Theorem 3.4 is stated for the block without biases or RoPE (MATH.md §5, "
-                 "§10); kappa_jacobian computes kappa(J) with them");
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
   KappaOptions<double> ko;
   ko.rtol = bo.rtol;
@@ -174,6 +179,15 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
     r.diagnostics = attention_diagnostics(in.X, in.WQ, in.WK, in.WV, in.opts, cache.P);
     r.free_bound = hypothesis_free_bound(in.X, in.WQ, in.WK, in.WV, in.opts, cache.P);
     r.free_bound_holds = free_bound_holds(r.free_bound, r.J);
+  }
+  if (in.opts.extended()) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    r.bound_applies = false;
+    r.bound = r.bound_plus = r.ratio = r.ratio_plus = nan;
+    r.verdict = std::string(r.J.info == Info::InvalidInput ? "invalid input: " : "") +
+                "not applicable: Theorem 3.4 is stated for the block without biases or RoPE "
+                "(MATH.md §10); kappa(J) is that of the block with them";
+    return r;
   }
   r.bound =
       detail::bound_value(r.X.kappa, r.Lambda.kappa, r.WV.kappa, r.WQ.kappa, r.WK.kappa, r.P.kappa);
