@@ -11,6 +11,7 @@
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/io/attention_config.hpp>
 #include "synthetic.hpp"
 
 #include <sys/stat.h>
@@ -53,6 +54,11 @@ struct AnalysisOptions {
   std::string device = "cpu";     ///< cuda: κ(J) of the heads batched on the GPU
   /// With --jacobian, also κ(J) of the corrected weights (λ fused, λ per-head, exact)
   bool jacobian_corrections = true;
+  /// With --jacobian, the Q/K/V biases beside the weights (MATH.md §10); false: --no-biases
+  bool biases = true;
+  std::string rope = "auto";         ///< --rope auto|none|rotate_half|interleaved
+  std::optional<double> rope_theta;  ///< --rope-theta (none: the model's, else 10000)
+  std::int64_t rope_dims = 0;        ///< --rope-dims (0: the model's, else all of d_k)
 };
 
 /// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
@@ -94,9 +100,21 @@ struct JacobianStats {
   std::vector<CorrectedJacobian> corrected;  ///< when AnalysisOptions::jacobian_corrections
 };
 
+/// What the Jacobian analysis of a layer models beyond W_Q, W_K, W_V (MATH.md §10): the biases
+/// it found beside them (whole projections) and RoPE.
+struct LayerModel {
+  std::array<std::string, 3> bias_tensors;  ///< of b_Q, b_K, b_V; empty: none
+  std::array<bool, 3> bias_zero{};          ///< the tensor is all zeros (so it is left out)
+  Vec<double> bq, bk, bv;                   ///< the nonzero ones; empty: none
+  std::optional<RopeOptions> rope;          ///< for this layer's heads
+  std::string rope_source;                  ///< where the RoPE decision came from
+  bool extended() const { return bq.size() > 0 || bk.size() > 0 || bv.size() > 0 || rope; }
+};
+
 struct LayerStats {
   io::AttentionLayerSpec spec;
   io::LayerHeads heads;
+  LayerModel model;  ///< with --jacobian, for self-attention layers
   MatrixStats q, k, v;
   std::vector<HeadStats> per_head;
   std::vector<JacobianStats> jacobian;
@@ -337,6 +355,91 @@ class LayerInputs {
   std::unique_ptr<io::CheckpointReader> per_layer_;
 };
 
+/// The RoPE of a checkpoint's self-attention layers (MATH.md §10; docs/checkpoints.md):
+/// config.json beside it, else GGUF metadata, else the layout (absolute positions for BERT, ViT,
+/// GPT-2, T5, Whisper and the like; undecided for Llama-, GPT-NeoX- and Falcon-named tensors and
+/// --map), with --rope, --rope-theta and --rope-dims taking precedence. A refusal or an undecided
+/// answer is returned as RopeConfig::refusal; the caller throws it only where κ(J) is computed.
+inline io::RopeConfig rope_config(const CheckpointReader& src, io::Layout layout,
+                                  const AnalysisOptions& o) {
+  io::RopeConfig c;
+  if (o.rope == "none") {
+    if (o.rope_theta || o.rope_dims > 0)
+      throw BadInput("--rope-theta and --rope-dims need RoPE, not --rope none");
+    c.decided = true;
+    c.source = "--rope none";
+    return c;
+  }
+  const std::string cfg = io::detail::join_path(src.directory(), "config.json");
+  if (io::detail::is_regular_file(cfg))
+    c = io::read_rope_config(cfg);
+  else if (const io::GgufFile* g = src.gguf())
+    c = io::rope_config_from_gguf(*g);
+  if (!c.decided) {
+    using io::Layout;
+    if (layout == Layout::Llama || layout == Layout::GptNeox || layout == Layout::Falcon ||
+        layout == Layout::Map) {
+      c.refusal = std::string("no config.json says whether the ") + io::to_string(layout) +
+                  " layers rotate their queries and keys";
+    } else {
+      c.decided = true;
+      c.source = std::string("the ") + io::to_string(layout) + " layout (no RoPE)";
+    }
+  }
+  if (o.rope == "rotate_half" || o.rope == "interleaved") {
+    const std::string from = c.present ? " (base and width from " + c.source + ")" : "";
+    if (!c.present) c = io::RopeConfig{};
+    c.decided = c.present = true;
+    c.refusal.clear();
+    c.pairing = parse_rope_pairing(o.rope);
+    c.source = "--rope " + o.rope + from;
+  }
+  if (o.rope_theta || o.rope_dims > 0) {
+    if (!c.present)
+      throw BadInput(src.path() + ": --rope-theta and --rope-dims need RoPE, and " +
+                     (c.decided ? c.source + " has none" : c.refusal) +
+                     "; pass --rope rotate_half or --rope interleaved");
+    if (o.rope_theta) {
+      if (!(std::isfinite(*o.rope_theta) && *o.rope_theta > 1))
+        throw BadInput("--rope-theta must be finite and > 1");
+      c.theta = *o.rope_theta;
+      c.source += ", --rope-theta";
+    }
+    if (o.rope_dims > 0) {
+      c.dims = o.rope_dims;
+      c.source += ", --rope-dims";
+    }
+  }
+  return c;
+}
+
+/// The biases of a layer's W_Q, W_K, W_V (MATH.md §10): the tensor beside each weight
+/// (io::bias_name_for) when the checkpoint holds it, sliced like the weight. An all-zero bias is
+/// recorded and left out (the block is then the one without it).
+inline void read_layer_biases(const CheckpointReader& src, const io::AttentionLayerSpec& L,
+                              LayerModel& m) {
+  std::map<std::string, Vec<double>> read;
+  const io::ProjectionSlot* slots[3] = {&L.q, &L.k, &L.v};
+  Vec<double>* out[3] = {&m.bq, &m.bk, &m.bv};
+  for (int i = 0; i < 3; ++i) {
+    const io::ProjectionSlot& s = *slots[i];
+    const std::string name = io::bias_name_for(s.tensor);
+    if (name.empty() || !src.contains(name)) continue;
+    auto it = read.find(name);
+    if (it == read.end()) it = read.emplace(name, src.vector(name)).first;
+    const std::vector<std::int64_t> shape = src.shape(s.tensor);
+    const std::int64_t len = shape.size() == 2 ? shape[s.transposed ? 0 : 1] : -1;
+    const Vec<double> b = io::extract_bias(
+        s, it->second, len, src.file_of(name) + ": tensor " + io::detail::quote(name));
+    m.bias_tensors[static_cast<std::size_t>(i)] = name;
+    if (b.isZero(0)) {
+      m.bias_zero[static_cast<std::size_t>(i)] = true;
+      continue;
+    }
+    *out[i] = b;
+  }
+}
+
 /// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
 /// file and tensor for anything unusable.
 inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
@@ -377,10 +480,19 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     rep.inputs = "synthetic (seed " + std::to_string(o.seed) + ")";
   }
 
+  // RoPE of the self-attention layers, decided before any tensor is read.
+  const io::RopeConfig rope = o.jacobian ? rope_config(src, match.layout, o) : io::RopeConfig{};
+
   // Heads of every selected layer, checked before any tensor is read.
   std::vector<io::LayerHeads> lh;
   for (auto* L : todo) {
     lh.push_back(io::resolve_heads(*L, hc, path));
+    if (o.jacobian && !L->cross && !rope.refusal.empty())
+      throw BadInput(path + ": layer " + std::to_string(L->index) +
+                     ": its positions cannot be modelled for --jacobian: " + rope.refusal +
+                     ". Pass --rope none to analyse the block without RoPE, or --rope "
+                     "rotate_half|interleaved [--rope-theta T] [--rope-dims R] to model plain "
+                     "RoPE");
     if (o.jacobian && !L->cross) {
       std::vector<std::int64_t> heads(static_cast<std::size_t>(lh.back().heads));
       for (std::size_t h = 0; h < heads.size(); ++h) heads[h] = static_cast<std::int64_t>(h);
@@ -408,7 +520,10 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     ls.spec = L;
     ls.heads = H;
     ls.shared_by = io::shared_by(L, hc);
-    if (L.unscaled) ls.note = "logits are not divided by sqrt(d_k) in this model (T5)";
+    if (L.unscaled)
+      ls.note =
+          "logits are not divided by sqrt(d_k) in this model (T5); its relative position bias "
+          "(an additive logit term) is not modelled";
     // Read this layer's tensors once each (q, k, v may share one fused tensor).
     std::map<std::string, Mat<double>> tensors;
     auto proj = [&](const io::ProjectionSlot& s) {
@@ -489,6 +604,14 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
                        shape_str(X.rows(), X.cols()));
       ls.tokens = X.rows();
       rep.tokens = std::max(rep.tokens, X.rows());
+      // Biases and RoPE as the model computes attention (MATH.md §10).
+      if (o.biases) read_layer_biases(src, L, ls.model);
+      ls.model.rope_source = rope.source;
+      if (rope.present) ls.model.rope = rope.for_head(H.d_k);
+      if (ls.model.extended() && o.device == "cuda")
+        throw BadInput(path + ": layer " + std::to_string(L.index) +
+                       ": --device cuda does not model biases or RoPE; use --device cpu, or "
+                       "--no-biases --rope none for the block without them");
       AttentionOptions<double> ao;
       ao.scale = o.scale;
       if (!o.scale && L.unscaled) ao.scale = 1.0;
@@ -549,11 +672,18 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         const auto t0 = std::chrono::steady_clock::now();
         if (!device_J.empty()) bo.jacobian_result = &device_J[next_device];
         ++next_device;
-        require_finite_attention(X, w.q, w.k, w.v, ao,
+        AttentionOptions<double> hao = ao;
+        const LayerModel& lm = ls.model;
+        const Index g = h / group;
+        if (lm.bq.size() > 0) hao.bias_q = lm.bq.segment(h * H.d_k, H.d_k);
+        if (lm.bk.size() > 0) hao.bias_k = lm.bk.segment(g * H.d_k, H.d_k);
+        if (lm.bv.size() > 0) hao.bias_v = lm.bv.segment(g * H.d_v, H.d_v);
+        hao.rope = lm.rope;
+        require_finite_attention(X, w.q, w.k, w.v, hao,
                                  src.file_of(L.q.tensor) + ": layer " + std::to_string(L.index) +
                                      " head " + std::to_string(h) + " (tensor " +
                                      io::detail::quote(L.q.tensor) + ")");
-        Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, ao, bo);
+        Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, hao, bo);
         if (r.J.info == Info::InvalidInput)
           throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +
                                  std::to_string(h) + ": kappa(J) could not be computed (" +

@@ -41,6 +41,19 @@ inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
   cmd->add_flag_callback(
       "--no-jacobian-corrections", [&o] { o.jacobian_corrections = false; },
       "with --jacobian, skip kappa(J) of the corrected weights (lambda fused, per-head, exact)");
+  cmd->add_flag_callback(
+      "--no-biases", [&o] { o.biases = false; },
+      "with --jacobian, leave out the checkpoint's Q/K/V biases (the block of Theorem 3.4)");
+  cmd->add_option("--rope", o.rope,
+                  "with --jacobian, RoPE: auto (default: config.json or GGUF metadata), none, "
+                  "rotate_half or interleaved")
+      ->check(CLI::IsMember({"auto", "none", "rotate_half", "interleaved"}));
+  cmd->add_option_function<double>(
+      "--rope-theta", [&o](const double& t) { o.rope_theta = t; },
+      "with --jacobian, the RoPE base (default: the model's rope_theta, else 10000)");
+  cmd->add_option("--rope-dims", o.rope_dims,
+                  "with --jacobian, rotated columns per head (default: the model's, else d_k)")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 30));
   cmd->add_flag("--verbose", o.verbose, "log every tensor read (and its file) on stderr");
 }
 

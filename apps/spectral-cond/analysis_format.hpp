@@ -18,7 +18,7 @@
 namespace spectral_cond::cli {
 
 /// The version of the JSON and CSV layouts; bumped on any incompatible change.
-inline constexpr int kAnalyzeFormatVersion = 1;
+inline constexpr int kAnalyzeFormatVersion = 2;
 
 namespace detail_fmt {
 
@@ -79,6 +79,7 @@ inline nlohmann::json jacobian_json(const JacobianStats& j) {
                           {"kappa_WK", cond_json(r.WK)},
                           {"kappa_WV", cond_json(r.WV)},
                           {"kappa_P", cond_json(r.P)},
+                          {"applies", r.bound_applies},
                           {"bound", num(r.bound)},
                           {"bound_plus", num(r.bound_plus)},
                           {"ratio", num(r.ratio)},
@@ -101,7 +102,8 @@ inline nlohmann::json jacobian_json(const JacobianStats& j) {
                           {"seconds", cj.seconds},
                           {"J", cond_json(t.J)},
                           {"theorem34",
-                           {{"bound_plus", num(t.bound_plus)},
+                           {{"applies", t.bound_applies},
+                            {"bound_plus", num(t.bound_plus)},
                             {"ratio_plus", num(t.ratio_plus)},
                             {"holds_plus", t.holds_plus}}}};
       if (t.have_diagnostics) {
@@ -113,6 +115,54 @@ inline nlohmann::json jacobian_json(const JacobianStats& j) {
     out["corrected"] = c;
   }
   return out;
+}
+
+/// What the Jacobian analysis of a layer modelled beyond W (MATH.md §10): "biases" (b_Q, b_K,
+/// b_V: the tensor, or null; "zero" lists those that are all zeros and so left out) and "rope"
+/// (null, or pairing, theta, dims and where they came from).
+inline void model_json(const LayerModel& m, Index d_k, nlohmann::json& l) {
+  static const char* names[] = {"b_Q", "b_K", "b_V"};
+  nlohmann::json b = nlohmann::json::object(), zero = nlohmann::json::array();
+  for (std::size_t i = 0; i < 3; ++i) {
+    b[names[i]] =
+        m.bias_tensors[i].empty() ? nlohmann::json(nullptr) : nlohmann::json(m.bias_tensors[i]);
+    if (m.bias_zero[i]) zero.push_back(names[i]);
+  }
+  b["zero"] = zero;
+  l["biases"] = b;
+  if (m.rope)
+    l["rope"] = {{"pairing", to_string(m.rope->pairing)},
+                 {"theta", m.rope->theta},
+                 {"dims", m.rope->resolved_dims(d_k)},
+                 {"source", m.rope_source}};
+  else
+    l["rope"] = nullptr;
+  if (!m.rope && !m.rope_source.empty()) l["rope_source"] = m.rope_source;
+}
+
+/// The same for the table: "kappa(J) with biases b_Q, b_V and RoPE rotate_half (theta 10000, 64
+/// of 64 columns; from config.json)", or "kappa(J) without biases or RoPE".
+inline std::string model_text(const LayerStats& L) {
+  static const char* names[] = {"b_Q", "b_K", "b_V"};
+  const LayerModel& m = L.model;
+  std::string b, z;
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (m.bias_tensors[i].empty()) continue;
+    std::string& t = m.bias_zero[i] ? z : b;
+    t += (t.empty() ? "" : ", ") + std::string(names[i]);
+  }
+  std::ostringstream o;
+  o << "kappa(J) " << (b.empty() ? "without biases" : "with biases " + b);
+  if (!z.empty()) o << " (" << z << " all zero, left out)";
+  if (m.rope) {
+    o << (b.empty() ? ", with" : " and") << " RoPE " << to_string(m.rope->pairing) << " (theta "
+      << m.rope->theta << ", " << m.rope->resolved_dims(L.heads.d_k) << " of " << L.heads.d_k
+      << " columns; " << m.rope_source << ")";
+  } else {
+    o << (b.empty() ? " or RoPE" : ", without RoPE");
+    if (!m.rope_source.empty()) o << " (" << m.rope_source << ")";
+  }
+  return o.str();
 }
 
 inline nlohmann::json shape_json(const MatrixStats& m, Index rows, Index cols) {
@@ -153,6 +203,7 @@ inline nlohmann::json report_json(const CheckpointReport& rep) {
       l["per_head"] = hs;
     }
     if (!L.jacobian.empty()) {
+      model_json(L.model, L.heads.d_k, l);
       nlohmann::json js = nlohmann::json::array();
       for (const JacobianStats& j : L.jacobian) js.push_back(jacobian_json(j));
       l["jacobian"] = js;
@@ -239,7 +290,10 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
           << jacobian_cols(JacobianBlock::All, L.tokens, L.spec.D, L.heads.d_k, L.heads.d_v) << ','
           << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ',' << g(J.kappa_plus)
           << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ',' << g(t.bound) << ','
-          << g(t.bound_plus) << ',' << (t.holds_plus ? "true" : "false");
+          << g(t.bound_plus) << ','
+          << (!t.bound_applies ? "n/a"
+              : t.holds_plus   ? "true"
+                               : "false");
         if (t.have_diagnostics) {
           const AttentionPattern& p = t.diagnostics.pattern;
           o << ',' << g(t.free_bound.bound) << ','
@@ -398,12 +452,13 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
         parts.push_back("cross-attention");
       if (!L.shared_by.empty()) parts.push_back("shared by " + L.shared_by);
       if (!L.note.empty()) parts.push_back(L.note);
+      if (!L.jacobian.empty()) parts.push_back(detail_fmt::model_text(L));
       std::string what;
       for (const std::string& p : parts) what += (what.empty() ? "" : "; ") + p;
       if (!what.empty())
         o << "  layer " << L.spec.index << " (" << L.spec.prefix << "): " << what << '\n';
     }
-    bool any_j = false;
+    bool any_j = false, any_na = false;
     for (const LayerStats& L : rep.layers) any_j = any_j || !L.jacobian.empty();
     if (any_j) {
       std::set<Index> ns;
@@ -428,9 +483,17 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
             << r.J.rank << std::setw(10) << k(r.X.kappa) << std::setw(10) << k(r.Lambda.kappa_plus)
             << std::setw(10) << k(r.WQ.kappa) << std::setw(10) << k(r.WK.kappa) << std::setw(10)
             << k(r.WV.kappa) << std::setw(10) << k(r.P.kappa_plus) << std::setw(11)
-            << k(r.bound_plus) << std::setw(7) << (r.holds_plus ? "yes" : "NO") << "  " << m << " ("
-            << g(j.seconds, 3) << " s)\n";
+            << k(r.bound_plus) << std::setw(7)
+            << (!r.bound_applies ? "n/a"
+                : r.holds_plus   ? "yes"
+                                 : "NO")
+            << "  " << m << " (" << g(j.seconds, 3) << " s)\n";
+          any_na = any_na || !r.bound_applies;
         }
+      if (any_na)
+        o << "  n/a: Theorem 3.4 is stated for the block without biases or RoPE (MATH.md §10); "
+             "kappa(J) is that of the block with them, and --no-biases --rope none gives the "
+             "bound for the block without them\n";
     }
     if (any_j) o << jacobian_blocks_table(rep) << jacobian_corrections_table(rep);
     o << '\n';

@@ -6,7 +6,8 @@
 //        [--heads H] [--kv-heads G] [--lambda 10] [--target T] [--per-head] [--layers 0,3,5-7]
 //        [--jacobian [--inputs X.npy | --tokens 64 --seed 0] [--method auto|dense|gram|
 //         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
-//         [--jacobian-heads 0,1]]
+//         [--jacobian-heads 0,1] [--no-biases] [--rope auto|none|rotate_half|interleaved]
+//         [--rope-theta T] [--rope-dims R]]
 //        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
 #include "analysis_cli.hpp"
 #include "analysis_format.hpp"
@@ -116,7 +117,8 @@ void register_analyze(CLI::App& app) {
     if (!a->opts.jacobian)
       for (const char* opt :
            {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask", "--scale", "--method",
-            "--tol", "--blocks", "--device", "--no-jacobian-corrections"})
+            "--tol", "--blocks", "--device", "--no-jacobian-corrections", "--no-biases", "--rope",
+            "--rope-theta", "--rope-dims"})
         if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
     run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0);
   });

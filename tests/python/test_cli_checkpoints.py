@@ -400,7 +400,7 @@ class TestAnalyzeLayouts(Base):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout, "")
         with open(out) as f:
-            self.assertEqual(json.load(f)["format_version"], 1)
+            self.assertEqual(json.load(f)["format_version"], 2)
         self.assertEqual([n for n in os.listdir(self.path("sel", "x")[:-2]) if ".tmp." in n], [])
 
     def test_device(self):
@@ -631,8 +631,9 @@ class TestJacobian(Base):
         X = rng.standard_normal((5, 8))
         xp = self.path("jac", "X.npy")
         np.save(xp, X)
+        # --no-biases: the `jacobian` command's block is the one without the qkv bias.
         rep = analyze_json(p, "--heads", 2, "--jacobian", "--inputs", xp, "--method", "dense",
-                           "--layers", "1")["checkpoints"][0]
+                           "--layers", "1", "--no-biases")["checkpoints"][0]
         L = rep["layers"][0]
         self.assertEqual(len(L["jacobian"]), 2)
         WQ, WK, WV = proj[1]
@@ -905,7 +906,9 @@ class TestLayoutExtras(Base):
         save_file(enc, p2)
         m = r"q=(encoder)\.block\.0.*\.q\.weight,k=(encoder)\.block\.0.*\.k\.weight,v=(encoder)\.block\.0.*\.v\.weight"
         for scale, same in (("1", True), ("0.5", False)):
-            ref = analyze_json(p2, *args, "--map", m, "--scale", scale)["checkpoints"][0]
+            # --map says nothing of positions: --rope none (T5 has relative position biases).
+            ref = analyze_json(p2, *args, "--map", m, "--scale", scale,
+                               "--rope", "none")["checkpoints"][0]
             for h in range(2):
                 a = L[0]["jacobian"][h]["J"]["kappa"]
                 b = ref["layers"][0]["jacobian"][h]["J"]["kappa"]

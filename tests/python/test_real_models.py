@@ -87,6 +87,28 @@ class Checks(unittest.TestCase):
         self.assertLessEqual(abs(got - ref), RTOL * ref, f"{what} +lambda I: {got} vs {ref}")
 
 
+def complex_step_jacobian(X, Q, K, V, c):
+    """J of softmax(c Q K^T) V with respect to (W_Q, W_K, W_V), Q = X W_Q + 1 b_Q^T etc. given
+    biased, by the complex step batched over J's columns (exact to rounding; columns a + D b of
+    each block, MATH.md §1): W_Q[a, b] += i h moves column b of Q by i h x_a."""
+    h = 1e-30
+    N, D = X.shape
+    blocks = []
+    for which in range(3):
+        M = (Q, K, V)[which]
+        cols = []
+        for b in range(M.shape[1]):
+            P = np.broadcast_to(M.astype(complex), (D, N, M.shape[1])).copy()
+            P[:, :, b] += 1j * h * X.T
+            q, k, v = (P if which == w else (Q, K, V)[w][None] for w in range(3))
+            L = c * (q @ np.swapaxes(k, -1, -2))
+            E = np.exp(L)
+            A = (E / E.sum(axis=2, keepdims=True)) @ v
+            cols.append((A.imag / h).transpose(0, 2, 1).reshape(D, -1))  # vec(A) column-major
+        blocks.append(np.concatenate(cols, axis=0))
+    return np.concatenate(blocks, axis=0).T
+
+
 class MiniLM(Checks):
     @classmethod
     def setUpClass(cls):
@@ -107,6 +129,35 @@ class MiniLM(Checks):
             for role, name in (("W_Q", "query"), ("W_K", "key"), ("W_V", "value")):
                 W = self.tensors[p + name + ".weight"].astype(np.float64).T
                 self.check_matrix(L[role], W, f"layer {L['index']} {role}")
+
+    def test_jacobian_with_the_models_biases(self):
+        # kappa(J) of layer 0, head 0, with the query/key/value biases BERT adds, against a
+        # complex-step J and numpy's SVD; --no-biases gives the block of the weights alone.
+        rng = np.random.default_rng(11)
+        X = rng.standard_normal((8, 384))
+        X = (X - X.mean(1, keepdims=True)) / X.std(1, keepdims=True)
+        p = "encoder.layer.0.attention.self."
+        W = {n: self.tensors[p + n + ".weight"].astype(np.float64).T[:, :32]
+             for n in ("query", "key", "value")}
+        b = {n: self.tensors[p + n + ".bias"].astype(np.float64)[:32]
+             for n in ("query", "key", "value")}
+        with tempfile.TemporaryDirectory() as d:
+            xp = os.path.join(d, "X.npy")
+            np.save(xp, X)
+            args = ["--jacobian", "--inputs", xp, "--layers", 0, "--jacobian-heads", 0,
+                    "--method", "dense", "--no-jacobian-corrections"]
+            for biased in (True, False):
+                rep = analyze_json(self.dir, *args, *([] if biased else ["--no-biases"]))
+                L = rep["layers"][0]
+                J = L["jacobian"][0]
+                Q, K, V = (X @ W[n] + (b[n] if biased else 0) for n in ("query", "key", "value"))
+                s = svals(complex_step_jacobian(X, Q, K, V, 1 / np.sqrt(32)))
+                with self.subTest(biased=biased):
+                    self.assertEqual(L["biases"]["b_Q"], p + "query.bias" if biased else None)
+                    self.assertIsNone(L["rope"])
+                    self.assertEqual(J["theorem34"]["applies"], not biased)
+                    got = float(J["J"]["kappa"])
+                    self.assertLessEqual(abs(got - s[0] / s[-1]), 1e-8 * s[0] / s[-1])
 
     def test_correct_lambda_is_exact(self):
         with tempfile.TemporaryDirectory() as d:
@@ -143,6 +194,12 @@ class MiniLM(Checks):
                 for role in ("W_Q", "W_K", "W_V"):
                     for key in ("sigma_max", "sigma_min", "kappa"):
                         self.assertEqual(La[role][key], Lc[role][key], (La["index"], role, key))
+            # The biases read from the pickle are the safetensors file's: the same kappa(J).
+            jac = ["--heads", "12", "--jacobian", "--tokens", 6, "--layers", 0,
+                   "--jacobian-heads", 0, "--no-jacobian-corrections"]
+            ja, jc = (analyze_json(x, *jac)["layers"][0] for x in (self.path, b))
+            self.assertEqual(jc["biases"]["b_V"], "encoder.layer.0.attention.self.value.bias")
+            self.assertEqual(ja["jacobian"][0]["J"], jc["jacobian"][0]["J"])
 
 
 class RxnmapperAlbert(Checks):

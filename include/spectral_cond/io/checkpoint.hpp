@@ -277,6 +277,37 @@ class CheckpointReader {
     return m;
   }
 
+  /// The 1-D tensor `name` (a bias) as a double vector. Throws IoError naming the file and
+  /// tensor when it is not 1-D, not floating point, or holds NaN or Inf. For GGUF architecture
+  /// "llama", attn_q / attn_k biases are put back in Hugging Face order as their weights' rows.
+  Vec<double> vector(const std::string& name) const {
+    const std::vector<std::int64_t> s = shape(name);
+    if (s.size() != 1)
+      throw IoError(file_of(name) + ": tensor " + detail::quote(name) + " has shape " +
+                    detail::shape_string(s) + ", expected a 1-D vector");
+    Vec<double> v;
+    if (ckpt_) {
+      v = ckpt_->matrix<double>(name).col(0);
+    } else if (const PytorchFile* pt = pytorch_for(name)) {
+      v = pt->matrix(name).col(0);
+    } else if (gguf_) {
+      const std::vector<double> x = gguf_->values(name);
+      v = Eigen::Map<const Vec<double>>(x.data(), static_cast<Index>(x.size()));
+      if (detail::ends_with(name, "attn_q.bias") || detail::ends_with(name, "attn_k.bias")) {
+        const Mat<double> m = gguf_llama_rows(v, name);
+        v = m.col(0);
+      }
+    } else {
+      const NpyArray a = array(name);
+      v = Eigen::Map<const Vec<double>>(a.data.data(), static_cast<Index>(a.data.size()));
+    }
+    for (Index i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v(i)))
+        throw IoError(file_of(name) + ": tensor " + detail::quote(name) +
+                      " has a NaN or Inf entry at [" + std::to_string(i) + "]");
+    return v;
+  }
+
   /// An npz / npy-dir tensor of any rank (not for safetensors or PyTorch sources, whose bytes
   /// are copied: Checkpoint::bytes, PytorchFile::bytes).
   NpyArray array(const std::string& name) const {
@@ -316,10 +347,17 @@ class CheckpointReader {
   /// (the converter permutes them for llama.cpp's RoPE: io::undo_llama_rope_permutation).
   Mat<double> gguf_matrix(const std::string& name) const {
     Mat<double> m = gguf_->matrix(name);
+    if (!detail::ends_with(name, "attn_q.weight") && !detail::ends_with(name, "attn_k.weight"))
+      return m;
+    return gguf_llama_rows(m, name);
+  }
+
+  /// The rows of an attn_q / attn_k tensor (weight or bias) of architecture "llama" in Hugging
+  /// Face order; other architectures' unchanged.
+  Mat<double> gguf_llama_rows(Mat<double> m, const std::string& name) const {
     if (gguf_->get_string("general.architecture").value_or("") != "llama") return m;
-    const bool q = detail::ends_with(name, "attn_q.weight"),
-               k = detail::ends_with(name, "attn_k.weight");
-    if (!q && !k) return m;
+    const bool q =
+        detail::ends_with(name, "attn_q.weight") || detail::ends_with(name, "attn_q.bias");
     const std::optional<std::int64_t> heads = gguf_->get_int("llama.attention.head_count");
     std::optional<std::int64_t> kv = gguf_->get_int("llama.attention.head_count_kv");
     if (!kv) kv = heads;
