@@ -36,6 +36,7 @@ from ._results import (
     JacobianConditionResult,
     LambdaCorrection,
     Theorem34Report,
+    VerifyReport,
     condition,
     diagnostics,
 )
@@ -72,6 +73,8 @@ __all__ = [
     "open_checkpoint",
     "singular_values",
     "theorem34",
+    "verify",
+    "VerifyReport",
 ]
 
 Checkpoint = _core.Checkpoint
@@ -270,6 +273,20 @@ def lambda_identity(D: int, heads: int, d_head: int, placement: str = "fused"):
     'fused' is the rectangular identity I(D, heads d_head); 'per-head' gives each head's D x d
     block its own I(D, d)."""
     return _core.lambda_identity(D, heads, d_head, placement)
+
+
+def verify(seed: int = 0, instances_per_regime: int = 16, extended: bool = True,
+           progress: Progress = None) -> VerifyReport:
+    """The sweep of `spectral-cond verify` (MATH.md §4-7): every proven statement (Theorem 3.5,
+    its target form, the Weyl bound, the Kronecker and concatenation lemmas, the bound that needs
+    no hypothesis) and the paper's Theorem 3.4 checked on seeded random instances of every shape
+    class, logit scale, weight scale, mask and lambda. Every would-be violation and every
+    uncertain rank decision is recomputed in extended precision (MPFR) unless extended=False
+    (then they are reported unchecked). Deterministic for a seed; the same report as the tool's
+    JSON. Releases the GIL; progress(fraction) is called as instances finish; Ctrl-C stops it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TypeError(f"verify: seed must be a non-negative int (got {seed!r})")
+    return VerifyReport.from_json(_core.verify(seed, instances_per_regime, extended, progress))
 
 
 from ._analyze import CheckpointAnalysis, MatrixAnalysis, analyze  # noqa: E402

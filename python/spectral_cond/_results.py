@@ -230,5 +230,62 @@ class AttentionGradients(_Result):
     dbV: Optional[np.ndarray] = None
 
 
+def _numbers(v: Any) -> Any:
+    """The tool's JSON values with "inf", "-inf" and "nan" as floats, recursively."""
+    if isinstance(v, dict):
+        return {k: _numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers(x) for x in v]
+    if v in ("inf", "-inf", "nan"):
+        return float(v)
+    return v
+
+
+@dataclass(repr=False)
+class VerifyReport(_Result):
+    """The verify sweep (MATH.md §4-7), the same report as `spectral-cond verify --format json`
+    (docs/cli.md has every key): `proven` counts each proven statement's checks (held, violated,
+    not_applicable, and the extended-precision re-checks), `theorem34` the paper's bound over all
+    instances (with kappa and kappa_plus; `final` after the re-checks), `regimes` one dict per
+    regime, `violations` every failed check with what rebuilds its instance. `proven_ok` is False
+    when a proven statement failed: a bug."""
+
+    seed: int
+    instances_per_regime: int
+    instances: int
+    proven_ok: bool
+    proven: dict
+    theorem34: dict
+    regimes: list
+    violations: list
+
+    _repr_fields = ("seed", "instances", "proven_ok")
+
+    def __repr__(self) -> str:
+        t = self.theorem34
+        return (f"VerifyReport(seed={self.seed}, instances={self.instances}, "
+                f"proven_ok={self.proven_ok}, regimes={len(self.regimes)}, "
+                f"theorem34 held_plus={t['held_plus']} violated_plus={t['violated_plus']} "
+                f"inconclusive_plus={t['inconclusive_plus']}, violations={len(self.violations)})")
+
+    def to_pandas(self):
+        """One row per regime (pandas is optional); the `final` counts as final_* columns."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("VerifyReport.to_pandas needs pandas (pip install pandas)") from e
+        rows = []
+        for r in self.regimes:
+            row = {k: v for k, v in r.items() if k != "final"}
+            row.update({f"final_{k}": v for k, v in r["final"].items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @classmethod
+    def from_json(cls, text: str) -> "VerifyReport":
+        import json
+        return cls(**_numbers(json.loads(text)))
+
+
 def condition(d: Optional[dict]) -> Optional[ConditionResult]:
     return None if d is None else ConditionResult(**d)

@@ -326,5 +326,7 @@ void raise_if_invalid(const char* fn, const ConditionResult<Scalar>& r) {
 void bind_attention(nb::module_& m);
 /// open_checkpoint and the Checkpoint class (checkpoint.cpp).
 void bind_checkpoint(nb::module_& m);
+/// verify, the tool's sweep with its extended-precision re-checks (verify.cpp).
+void bind_verify(nb::module_& m);
 
 }  // namespace spectral_cond::python

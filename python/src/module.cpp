@@ -369,4 +369,5 @@ NB_MODULE(_core, m) {
         "True when the binding reads the array in place (Fortran order), False when it copies");
   bind_attention(m);
   bind_checkpoint(m);
+  bind_verify(m);
 }
