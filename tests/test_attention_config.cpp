@@ -5,6 +5,7 @@
 #include <spectral_cond/io/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/detail/safetensors_writer.hpp>
+#include "support/temp_dir.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -24,17 +25,10 @@ using spectral_cond::Vec;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sc-attention-config-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-attention-config") {}
 };
-
 io::RopeConfig from(const std::string& json) {
   const nlohmann::json j = nlohmann::json::parse(json);
   return io::rope_config_from_json(j, "config.json");

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/npy_writer.hpp>
+#include "support/temp_dir.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -21,17 +22,10 @@ std::string data(const char* name) {
   return (fs::path(__FILE__).parent_path() / "data" / name).string();
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sc-checkpoint-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-checkpoint") {}
 };
-
 }  // namespace
 
 TEST_CASE("open_checkpoint: safetensors written by the safetensors package") {

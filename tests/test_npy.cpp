@@ -3,6 +3,7 @@
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 
+#include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
 #include <cstring>
@@ -22,24 +23,9 @@ namespace {
 
 using Bytes = std::vector<std::uint8_t>;
 
-/// A fresh, empty directory under the system temporary directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("sc_test_npy_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-npy") {}
 };
 
 /// A .npy file by hand: magic, version (major.0), header length, `dict` padded with spaces to

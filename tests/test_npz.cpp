@@ -1,6 +1,7 @@
 // Tests of the .npz reader (include/spectral_cond/io/npz.hpp): numpy's own archives (committed
 // fixtures from numpy.savez and numpy.savez_compressed), zips built here with zlib, and a
 // corpus of broken archives.
+#include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
 #include <spectral_cond/io/npz.hpp>
@@ -22,18 +23,9 @@ namespace {
 
 const fs::path kData = fs::path(__FILE__).parent_path() / "data";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sc_npz_XXXXXX").string();
-    REQUIRE(::mkdtemp(&tmpl[0]) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-npz") {}
 };
 
 using Bytes = std::vector<std::uint8_t>;
@@ -195,7 +187,7 @@ TEST_CASE("zips built with zlib: stored, deflated, ZIP64 local headers") {
     for (bool zip64 : {false, true}) {
       const Zip zip =
           make_zip({{"W.npy", npy_of(w), method, zip64}, {"Z.npy", npy_of(z0), method, zip64}});
-      const std::string path = dir / "t.npz";
+      const std::string path = dir.file("t.npz");
       std::ofstream(path, std::ios::binary)
           .write(reinterpret_cast<const char*>(zip.bytes.data()),
                  static_cast<std::streamsize>(zip.bytes.size()));

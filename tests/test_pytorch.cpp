@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/pytorch.hpp>
+#include "support/temp_dir.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -24,20 +25,9 @@ std::string data(const char* name) {
   return (fs::path(__FILE__).parent_path() / "data" / "pytorch" / name).string();
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sc-pytorch-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string p = (path / name).string();
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p;
-  }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-pytorch") {}
 };
 
 const char* kFloatNames[] = {"attn.query.weight", "attn.key.weight", "attn.value.weight",

@@ -1,5 +1,6 @@
 // Tests of the safetensors reader and writer (include/spectral_cond/io/safetensors.hpp), the
 // half/bfloat16 conversions (float16.hpp) and sharded checkpoints.
+#include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
 #include <spectral_cond/io/safetensors.hpp>
@@ -19,19 +20,9 @@ using spectral_cond::Mat;
 
 namespace {
 
-/// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sc_safetensors_XXXXXX").string();
-    REQUIRE(::mkdtemp(&tmpl[0]) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+/// A temporary directory of this test file's (tests/support/temp_dir.hpp).
+struct TempDir : sc_test::TempDir {
+  TempDir() : sc_test::TempDir("sc-safetensors") {}
 };
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -181,7 +172,7 @@ TEST_CASE("round trip: write then read, all four float dtypes") {
         {std::string("b.") + io::to_string(d), d, {4}, {bufs.back().data(), bufs.back().size()}});
   }
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "h\u00e9llo \"q\""}};
-  const std::string path = dir / "rt.safetensors";
+  const std::string path = dir.file("rt.safetensors");
   io::write_safetensors(path, ts, meta);
 
   io::SafetensorsFile f(path);
@@ -226,7 +217,7 @@ TEST_CASE("copy byte for byte, other dtypes, ranks and empty tensors") {
   for (std::size_t k = 0; k < ints.size(); ++k) ints[k] = static_cast<std::uint8_t>(k * 7 + 1);
   std::vector<std::uint8_t> cube(2 * 2 * 2 * 4, 0);
   std::vector<std::uint8_t> none;
-  const std::string p1 = dir / "one.safetensors";
+  const std::string p1 = dir.file("one.safetensors");
   io::write_safetensors(p1, {{"ids", Dtype::I64, {2, 3}, {ints.data(), ints.size()}},
                              {"cube", Dtype::F32, {2, 2, 2}, {cube.data(), cube.size()}},
                              {"empty", Dtype::F16, {0, 4}, {none.data(), 0}},
@@ -244,7 +235,7 @@ TEST_CASE("copy byte for byte, other dtypes, ranks and empty tensors") {
   // Copy everything untouched into a second file: the bytes are identical.
   std::vector<io::TensorToWrite> copy;
   for (const auto& t : f.tensors()) copy.push_back({t.name, t.dtype, t.shape, f.bytes(t.name)});
-  const std::string p2 = dir / "two.safetensors";
+  const std::string p2 = dir.file("two.safetensors");
   io::write_safetensors(p2, copy, {{"k", "v"}});
   io::SafetensorsFile g(p2);
   for (const auto& t : f.tensors()) {
@@ -259,16 +250,16 @@ TEST_CASE("copy byte for byte, other dtypes, ranks and empty tensors") {
 
   // Writer checks.
   CHECK_THROWS_WITH_AS(
-      io::write_safetensors(dir / "w.safetensors", {{"x", Dtype::F32, {3}, {ints.data(), 8}}}),
+      io::write_safetensors(dir.file("w.safetensors"), {{"x", Dtype::F32, {3}, {ints.data(), 8}}}),
       doctest::Contains("'x'"), io::IoError);
   CHECK_THROWS_AS(
-      io::write_safetensors(dir / "w.safetensors", {{"x", Dtype::U8, {1}, {ints.data(), 1}},
-                                                    {"x", Dtype::U8, {1}, {ints.data(), 1}}}),
+      io::write_safetensors(dir.file("w.safetensors"), {{"x", Dtype::U8, {1}, {ints.data(), 1}},
+                                                        {"x", Dtype::U8, {1}, {ints.data(), 1}}}),
       io::IoError);
   CHECK_THROWS_AS(
-      io::write_safetensors(dir / "w.safetensors", {{"x", Dtype::U8, {-1}, {ints.data(), 1}}}),
+      io::write_safetensors(dir.file("w.safetensors"), {{"x", Dtype::U8, {-1}, {ints.data(), 1}}}),
       io::IoError);
-  CHECK_FALSE(fs::exists(dir / "w.safetensors"));
+  CHECK_FALSE(fs::exists(dir.file("w.safetensors")));
   CHECK_THROWS_AS(io::encode_values(nullptr, 0, Dtype::I8), std::invalid_argument);
 }
 
@@ -284,7 +275,7 @@ TEST_CASE("the file agrees with the reference Python safetensors layout") {
     std::memcpy(&u, &v, 4);
     for (int b = 0; b < 4; ++b) data += static_cast<char>((u >> (8 * b)) & 0xFF);
   }
-  const std::string path = dir / "ref.safetensors";
+  const std::string path = dir.file("ref.safetensors");
   write_bytes(path, le64(hp.size()) + hp + data);
   io::SafetensorsFile f(path);
   const Mat<double> w = f.matrix<double>("w");
@@ -298,14 +289,14 @@ TEST_CASE("bad files: each is an IoError naming the file and the tensor") {
   TempDir dir;
   int k = 0;
   auto bad = [&](const std::string& bytes, const std::string& what) {
-    const std::string path = dir / ("bad" + std::to_string(k++) + ".safetensors");
+    const std::string path = dir.file("bad" + std::to_string(k++) + ".safetensors");
     write_bytes(path, bytes);
     check_bad(path, what);
   };
   const std::string ok = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   // Sanity: the good one opens.
-  write_bytes(dir / "good.safetensors", raw_file(ok, 16));
-  CHECK_NOTHROW(io::SafetensorsFile(dir / "good.safetensors"));
+  write_bytes(dir.file("good.safetensors"), raw_file(ok, 16));
+  CHECK_NOTHROW(io::SafetensorsFile(dir.file("good.safetensors")));
 
   bad("", "too short");
   bad("abc", "too short");
@@ -365,7 +356,7 @@ TEST_CASE("bad files: each is an IoError naming the file and the tensor") {
   bad(raw_file("{\"\xff\xfe\":1}", 0), "not valid JSON");  // invalid UTF-8
 
   // Missing and non-regular files.
-  CHECK_THROWS_WITH_AS(io::SafetensorsFile(dir / "missing.safetensors"),
+  CHECK_THROWS_WITH_AS(io::SafetensorsFile(dir.file("missing.safetensors")),
                        doctest::Contains("missing.safetensors: cannot open"), io::IoError);
   CHECK_THROWS_WITH_AS(io::SafetensorsFile(dir.path.string()), doctest::Contains("not a regular"),
                        io::IoError);
@@ -373,19 +364,19 @@ TEST_CASE("bad files: each is an IoError naming the file and the tensor") {
 
 TEST_CASE("mapped file: empty files and moves") {
   TempDir dir;
-  write_bytes(dir / "empty", "");
-  io::MappedFile e(dir / "empty");
+  write_bytes(dir.file("empty"), "");
+  io::MappedFile e(dir.file("empty"));
   CHECK(e.size() == 0);
   CHECK(e.data() == nullptr);
-  write_bytes(dir / "abc", "abc");
-  io::MappedFile a(dir / "abc");
+  write_bytes(dir.file("abc"), "abc");
+  io::MappedFile a(dir.file("abc"));
   io::MappedFile b(std::move(a));
   CHECK(b.size() == 3);
   CHECK(b.data()[1] == 'b');
   CHECK(a.size() == 0);  // NOLINT(bugprone-use-after-move): moved-from is empty
   a = std::move(b);
   CHECK(a.size() == 3);
-  CHECK(a.path() == dir / "abc");
+  CHECK(a.path() == dir.file("abc"));
 }
 
 TEST_CASE("sharded checkpoint: index with two shards, lazily opened") {
@@ -394,17 +385,17 @@ TEST_CASE("sharded checkpoint: index with two shards, lazily opened") {
   const Mat<double> k = 2.0 * Mat<double>::Identity(3, 3);
   const auto bq = io::encode_matrix(q, Dtype::BF16);
   const auto bk = io::encode_matrix(k, Dtype::F16);
-  io::write_safetensors(dir / "model-00001-of-00002.safetensors",
+  io::write_safetensors(dir.file("model-00001-of-00002.safetensors"),
                         {{"layers.0.q.weight", Dtype::BF16, {3, 3}, {bq.data(), bq.size()}}},
                         {{"format", "pt"}});
-  io::write_safetensors(dir / "model-00002-of-00002.safetensors",
+  io::write_safetensors(dir.file("model-00002-of-00002.safetensors"),
                         {{"layers.0.k.weight", Dtype::F16, {3, 3}, {bk.data(), bk.size()}}});
-  write_bytes(dir / "model.safetensors.index.json",
+  write_bytes(dir.file("model.safetensors.index.json"),
               R"({"metadata": {"total_size": 36}, "weight_map": {
                    "layers.0.q.weight": "model-00001-of-00002.safetensors",
                    "layers.0.k.weight": "model-00002-of-00002.safetensors"}})");
 
-  for (const std::string& open : {dir / "model.safetensors.index.json", dir.path.string()}) {
+  for (const std::string& open : {dir.file("model.safetensors.index.json"), dir.path.string()}) {
     io::Checkpoint c(open);
     CHECK(c.sharded());
     CHECK(c.names() == std::vector<std::string>{"layers.0.k.weight", "layers.0.q.weight"});
@@ -419,25 +410,26 @@ TEST_CASE("sharded checkpoint: index with two shards, lazily opened") {
 
   // A single file through Checkpoint, and a directory holding model.safetensors.
   fs::create_directory(dir.path / "single");
-  io::write_safetensors(dir / "single/model.safetensors",
+  io::write_safetensors(dir.file("single/model.safetensors"),
                         {{"w", Dtype::F16, {3, 3}, {bk.data(), bk.size()}}});
-  for (const std::string& open : {dir / "single/model.safetensors", dir / "single"}) {
+  for (const std::string& open : {dir.file("single/model.safetensors"), dir.file("single")}) {
     io::Checkpoint c(open);
     CHECK_FALSE(c.sharded());
     CHECK(c.names() == std::vector<std::string>{"w"});
     CHECK(c.matrix<double>("w").isApprox(k));
   }
   fs::create_directory(dir.path / "nothing");
-  CHECK_THROWS_WITH_AS(io::Checkpoint(dir / "nothing"), doctest::Contains("nothing"), io::IoError);
+  CHECK_THROWS_WITH_AS(io::Checkpoint(dir.file("nothing")), doctest::Contains("nothing"),
+                       io::IoError);
 }
 
 TEST_CASE("sharded checkpoint: bad indexes") {
   TempDir dir;
   const auto bq = io::encode_matrix(Mat<double>::Identity(2, 2), Dtype::F32);
-  io::write_safetensors(dir / "s1.safetensors",
+  io::write_safetensors(dir.file("s1.safetensors"),
                         {{"a", Dtype::F32, {2, 2}, {bq.data(), bq.size()}}});
   auto check_index = [&](const std::string& json, const std::string& what, bool on_use) {
-    const std::string p = dir / "model.safetensors.index.json";
+    const std::string p = dir.file("model.safetensors.index.json");
     write_bytes(p, json);
     INFO("index: " << json);
     bool thrown = false;
@@ -460,7 +452,7 @@ TEST_CASE("sharded checkpoint: bad indexes") {
   check_index(R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors"}})",
               "tensor 'b' is not in shard", true);
   {
-    io::Checkpoint c(dir / "model.safetensors.index.json");
+    io::Checkpoint c(dir.file("model.safetensors.index.json"));
     CHECK_THROWS_WITH_AS(c.open_all(), doctest::Contains("tensor 'b' is not in shard"),
                          io::IoError);
   }
