@@ -3,6 +3,7 @@
 whether float64 Fortran-order input is read without a copy.
 
     python bench/python/bench_binding.py --exe build-py/python/kappa_jacobian_timing [--threads 2]
+        [--vit-b]
 
 Run with OPENBLAS_NUM_THREADS set to the same count (the C++ program inherits it).
 """
@@ -33,25 +34,35 @@ def main():
     ap.add_argument("--exe", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--vit-b", action="store_true",
+                    help="also one ViT-B head (N = 197, D = 768, d = 64, method auto; tens of "
+                         "seconds per call, so timed once on each side)")
     a = ap.parse_args()
     rng = np.random.default_rng(20251201)
     cases = [((8, 8, 4, 4), "dense"), ((16, 16, 8, 8), "dense"), ((32, 32, 32, 32), "qr")]
+    if a.vit_b:
+        cases.append(((197, 768, 64, 64), "auto"))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for (N, D, dk, dv), method in cases:
+            vit = N * dv > 4096
+            repeats = 1 if vit else a.repeats
             X = np.asfortranarray(rng.standard_normal((N, D)))
             W = [np.asfortranarray(0.5 * rng.standard_normal((D, d))) for d in (dk, dk, dv)]
+            if vit:  # LayerNorm-like tokens and default-initialisation scale, as a ViT's
+                X = (X - X.mean(1, keepdims=True)) / X.std(1, keepdims=True)
+                W = [np.asfortranarray(w * 0.04) for w in W]
             paths = []
             for name, M in zip(("X", "WQ", "WK", "WV"), [X] + W):
                 p = os.path.join(tmp, name + ".npy")
                 np.save(p, M)
                 paths.append(p)
-            out = subprocess.run([a.exe, *paths, method, str(a.threads), str(a.repeats)],
+            out = subprocess.run([a.exe, *paths, method, str(a.threads), str(repeats)],
                                  check=True, capture_output=True, text=True).stdout
             cpp = json.loads(out.replace("inf", "Infinity"))  # printf writes +inf as inf
             py_res = sc.kappa_jacobian(X, *W, method=method, threads=a.threads)
             py = best_of(lambda: sc.kappa_jacobian(X, *W, method=method, threads=a.threads),
-                         a.repeats)
+                         repeats)
             assert py_res.kappa == cpp["kappa"], (py_res.kappa, cpp["kappa"])
             rows.append(((N, D, dk, dv), method, cpp["seconds"], py, py / cpp["seconds"],
                          (py - cpp["seconds"]) * 1e6))

@@ -490,6 +490,16 @@ def _head_weights(site: AttentionSite, WQ: np.ndarray, WK: np.ndarray, WV: np.nd
     return (g, WQ[:, h * d:(h + 1) * d], WK[:, g * d:(g + 1) * d], WV[:, g * d:(g + 1) * d])
 
 
+# kappa of the weights by LAPACK's gesdd where the library has it: numpy's SVD, the same
+# accuracy (kappa to about eps kappa), and 7x faster than the Jacobi SVD kappa() picks by default
+# for matrices of <= 64 columns (a head's block; bench/python/bench_models.py).
+_WEIGHT_SVD = "lapack" if sc._core.have_lapacke() else "auto"
+
+
+def _weight_kappa(W) -> float:
+    return sc.kappa(W, svd=_WEIGHT_SVD).kappa
+
+
 def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: float = 1e-6,
                   mask: str = "none", sample: int = 0, jacobian: bool = True,
                   layers: Optional[Iterable[int]] = None,
@@ -506,19 +516,21 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
     whose config gives a plain rope_theta, with its RoPE (rotate_half, positions 0, 1, …; MATH.md
     §10); other RoPE variants and query/key normalisation are flagged (has_bias, rope) and the
     note says what kappa(J) ignores. `mask` ('none' or 'causal') is the mask kappa(J) uses.
-    `progress` is called with the fraction of heads done.
+    `progress` is called with the fraction of heads done. With jacobian=False the model is not
+    run (`inputs` is not used) and N is 0.
     """
     sites = find_attention(model)
     if not sites:
         raise ValueError("analyze_model: the model has no attention module spectral_cond knows")
     wanted = None if layers is None else set(layers)
-    captured = _capture(model, sites, inputs)
+    # The model runs only when kappa(J) needs its activations.
+    captured = _capture(model, sites, inputs) if jacobian else None
     todo = [(i, s) for i, s in enumerate(sites) if wanted is None or i in wanted]
     total = sum(s.heads for _, s in todo) or 1
     done = 0
     out = ModelAnalysis()
     for i, s in todo:
-        X, base_notes = _site_X(s, captured, i, sample)
+        X, base_notes = _site_X(s, captured, i, sample) if jacobian else (None, [])
         WQ, WK, WV = s.q.W(), s.k.W(), s.v.W()
         d = s.head_dim
         for h in range(s.heads):
@@ -546,8 +558,8 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                 layer=i, name=s.name, kind=s.kind, head=h, kv_head=g,
                 N=0 if X is None else X.shape[0], D=s.D, d_k=d, d_v=d,
                 scale=s.scale if s.scale is not None else 1.0 / math.sqrt(d),
-                kappa_WQ=sc.kappa(wq).kappa, kappa_WK=sc.kappa(wk).kappa,
-                kappa_WV=sc.kappa(wv).kappa,
+                kappa_WQ=_weight_kappa(wq), kappa_WK=_weight_kappa(wk),
+                kappa_WV=_weight_kappa(wv),
                 kappa_J=J.kappa if J else nan, kappa_plus_J=J.kappa_plus if J else nan,
                 method=J.method if J else "", accuracy=J.accuracy if J else nan,
                 info=J.info if J else "not_computed", has_bias=s.has_bias, rope=s.rope,
@@ -651,8 +663,8 @@ class KappaMonitor:
             X, notes = _site_X(s, captured, i, self.sample)
             WQ, WK, WV = s.q.W(), s.k.W(), s.v.W()
             base = dict(extra, step=step, layer=i, name=s.name)
-            new.append(dict(base, kind="layer", kappa_WQ=sc.kappa(WQ).kappa,
-                            kappa_WK=sc.kappa(WK).kappa, kappa_WV=sc.kappa(WV).kappa,
+            new.append(dict(base, kind="layer", kappa_WQ=_weight_kappa(WQ),
+                            kappa_WK=_weight_kappa(WK), kappa_WV=_weight_kappa(WV),
                             N=0 if X is None else int(X.shape[0]), D=s.D, heads=s.heads))
             chosen = range(s.heads) if self.heads is None or self.heads >= s.heads else sorted(
                 int(h) for h in rng.choice(s.heads, size=self.heads, replace=False))
@@ -670,8 +682,8 @@ class KappaMonitor:
         g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
         biases, rope = _head_extras(s, h)
         nan = float("nan")
-        r = dict(base, kind="head", head=h, kv_head=g, kappa_WQ=sc.kappa(wq).kappa,
-                 kappa_WK=sc.kappa(wk).kappa, kappa_WV=sc.kappa(wv).kappa, kappa_J=nan,
+        r = dict(base, kind="head", head=h, kv_head=g, kappa_WQ=_weight_kappa(wq),
+                 kappa_WK=_weight_kappa(wk), kappa_WV=_weight_kappa(wv), kappa_J=nan,
                  kappa_plus_J=nan, sigma_min_J=nan, sigma_max_J=nan, method="", accuracy=nan,
                  info="not_computed", row_max_mean=nan, row_max_min=nan, entropy_mean=nan,
                  saturated_fraction=nan, ratio_QK_V=nan, collapsed=None, free_bound=nan,

@@ -340,6 +340,9 @@ NB_MODULE(_core, m) {
   const auto none = nb::none();
   m.def("kappa", &kappa_py, nb::arg("M"), nb::arg("rtol") = none, nb::arg("svd") = "auto",
         "kappa(M) and kappa_plus(M) by a dense SVD (MATH.md §4), as a dict");
+  m.def(
+      "have_lapacke", []() -> bool { return sc::have_lapacke(); },
+      "Whether the library was built with LAPACKE (svd='lapack', the qr method's BLAS)");
   m.def("singular_values", &singular_values_py, nb::arg("M"), nb::arg("svd") = "auto",
         "Singular values of M in decreasing order (MATH.md §4)");
   m.def("kappa_jacobian", &kappa_jacobian_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"),

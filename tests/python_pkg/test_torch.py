@@ -269,3 +269,17 @@ def test_analyze_model_after_conditioning_sees_effective_weights():
     for b, a in zip(before, after):
         assert a.kappa_WQ <= 2 + 1e-12 and a.kappa_WQ <= b.kappa_WQ + 1e-12
         assert math.isnan(a.kappa_J) and a.info == "not_computed"
+
+
+def test_analyze_model_weights_only_does_not_run_the_model():
+    model = models()["hf"]
+    calls = []
+    hook = model.register_forward_hook(lambda *args: calls.append(1))
+    weights = sct.analyze_model(model, None, jacobian=False)
+    hook.remove()
+    assert calls == []
+    full = sct.analyze_model(model, torch.randn(1, 6, 8))
+    assert len(weights) == len(full) > 0
+    for w, f in zip(weights, full):
+        assert (w.kappa_WQ, w.kappa_WK, w.kappa_WV) == (f.kappa_WQ, f.kappa_WK, f.kappa_WV)
+        assert w.N == 0 and w.info == "not_computed"
