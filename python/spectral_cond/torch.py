@@ -535,7 +535,7 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
         d = s.head_dim
         for h in range(s.heads):
             g, wq, wk, wv = _head_weights(s, WQ, WK, WV, h)
-            biases, rope = _head_extras(s, h)
+            biases, rope = _head_extras(s, h) if jacobian else (None, None)
             notes = list(base_notes)
             J = None
             diag = None
