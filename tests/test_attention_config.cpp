@@ -5,6 +5,7 @@
 #include <spectral_cond/io/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/detail/safetensors_writer.hpp>
+#include "support/gguf_bytes.hpp"
 #include "support/temp_dir.hpp"
 
 #include <cstdint>
@@ -25,6 +26,8 @@ using spectral_cond::Vec;
 
 namespace {
 
+using sc_test::Gguf;
+
 /// A temporary directory of this test file's (tests/support/temp_dir.hpp).
 struct TempDir : sc_test::TempDir {
   TempDir() : sc_test::TempDir("sc-attention-config") {}
@@ -33,41 +36,6 @@ io::RopeConfig from(const std::string& json) {
   const nlohmann::json j = nlohmann::json::parse(json);
   return io::rope_config_from_json(j, "config.json");
 }
-
-/// Little-endian GGUF v3 bytes, field by field (the subset these tests write).
-struct Gguf {
-  std::vector<std::uint8_t> b;
-  Gguf& raw(const void* p, std::size_t n) {
-    const auto* c = static_cast<const std::uint8_t*>(p);
-    b.insert(b.end(), c, c + n);
-    return *this;
-  }
-  Gguf& le(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-    return *this;
-  }
-  Gguf& u32(std::uint64_t v) { return le(v, 4); }
-  Gguf& u64(std::uint64_t v) { return le(v, 8); }
-  Gguf& f32(float v) {
-    std::uint32_t u = 0;
-    std::memcpy(&u, &v, 4);
-    return u32(u);
-  }
-  Gguf& str(const std::string& s) { return u64(s.size()).raw(s.data(), s.size()); }
-  Gguf& kv_u32(const std::string& k, std::uint32_t v) { return str(k).u32(4).u32(v); }
-  Gguf& kv_f32(const std::string& k, float v) { return str(k).u32(6).f32(v); }
-  Gguf& kv_str(const std::string& k, const std::string& v) { return str(k).u32(8).str(v); }
-  Gguf& tensor(const std::string& name, const std::vector<std::uint64_t>& ne,
-               std::uint64_t offset) {
-    str(name).u32(ne.size());
-    for (std::uint64_t d : ne) u64(d);
-    return u32(0).u64(offset);  // F32
-  }
-  Gguf& pad() {
-    while (b.size() % 32 != 0) b.push_back(0);
-    return *this;
-  }
-};
 
 void write_file(const fs::path& p, const std::vector<std::uint8_t>& b) {
   std::ofstream f(p, std::ios::binary);
@@ -199,14 +167,14 @@ TEST_CASE("RoPE and biases from GGUF: llama's Q/K biases back in Hugging Face or
   std::vector<float> q(8 * D), bq = {1, 3, 2, 4, 5, 7, 6, 8}, bk = {9, 11, 10, 12};
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i) / 8;
   Gguf g;
-  g.raw("GGUF", 4).u32(3).u64(3).u64(5);
+  g.header(3, 5);
   g.kv_str("general.architecture", "llama")
       .kv_u32("llama.attention.head_count", 2)
       .kv_u32("llama.attention.head_count_kv", 1)
       .kv_f32("llama.rope.freq_base", 500000.0F)
       .kv_u32("llama.rope.dimension_count", 4);
-  g.tensor("blk.0.attn_q.weight", {3, 8}, 0).tensor("blk.0.attn_q.bias", {8}, 96);
-  g.tensor("blk.0.attn_k.bias", {4}, 128).pad();
+  g.tensor("blk.0.attn_q.weight", {3, 8}, 0, 0).tensor("blk.0.attn_q.bias", {8}, 0, 96);
+  g.tensor("blk.0.attn_k.bias", {4}, 0, 128).pad();  // type 0: F32
   for (float x : q) g.f32(x);
   for (float x : bq) g.f32(x);
   for (float x : bk) g.f32(x);
@@ -237,7 +205,7 @@ TEST_CASE("RoPE from GGUF: an architecture with rope metadata but unknown pairin
   TempDir d;
   for (const bool rope : {true, false}) {
     Gguf g;
-    g.raw("GGUF", 4).u32(3).u64(0).u64(rope ? 2 : 1);
+    g.header(0, rope ? 2 : 1);
     g.kv_str("general.architecture", "newarch");
     if (rope) g.kv_f32("newarch.rope.freq_base", 10000.0F);
     const fs::path path = d.path / (rope ? "a.gguf" : "b.gguf");

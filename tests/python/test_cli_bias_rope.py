@@ -14,12 +14,10 @@ apply_rotary_pos_emb, interleaved as GPT-J's rotate_every_two), and numpy's SVD.
 
 Run by ctest:  python test_cli_bias_rope.py --exe spectral-cond
 """
-import argparse
 import csv
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -27,23 +25,16 @@ import unittest
 import numpy as np
 from safetensors.numpy import save_file
 
-EXE = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The tool's runner, analyze --format json and the --exe command line, shared with the
+# checkpoint tests (their main() sets the tool's path and runs this file's tests).
+from test_cli_checkpoints import analyze_json, main, run  # noqa: E402
+
 SEED = 20261202
 
 
-def run(*args, timeout=120):
-    return subprocess.run([EXE, *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-def analyze_json(*args):
-    r = run("analyze", *args, "--format", "json", "--quiet")
-    if r.returncode != 0:
-        raise AssertionError(f"analyze {args} failed ({r.returncode}): {r.stderr}")
-    return json.loads(r.stdout)
-
-
 def rope_tables(N, d, pairing, theta, dims):
-    """cos and sin (N x dims) and the rotation x -> rot(x) of the rotated columns."""
+    """cos and sin (N x dims) and the rotation x -> rot(x) of the rotated columns (last axis)."""
     rd = dims or d
     inv = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
     f = np.outer(np.arange(N), inv)
@@ -51,52 +42,51 @@ def rope_tables(N, d, pairing, theta, dims):
         cos, sin = np.cos(np.hstack([f, f])), np.sin(np.hstack([f, f]))
 
         def rot(x):
-            return np.hstack([-x[:, rd // 2:], x[:, :rd // 2]])
+            return np.concatenate([-x[..., rd // 2:], x[..., :rd // 2]], axis=-1)
     else:
         cos, sin = np.repeat(np.cos(f), 2, axis=1), np.repeat(np.sin(f), 2, axis=1)
 
         def rot(x):
             out = np.empty_like(x)
-            out[:, ::2], out[:, 1::2] = -x[:, 1::2], x[:, ::2]
+            out[..., ::2], out[..., 1::2] = -x[..., 1::2], x[..., ::2]
             return out
     return rd, cos, sin, rot
 
 
-def attention(X, WQ, WK, WV, bq, bk, bv, rope):
-    """softmax(c q~ k~^T) v, complex-safe (no conjugation, no max subtraction)."""
-    q, k, v = X @ WQ, X @ WK, X @ WV
-    if bq is not None:
-        q = q + bq
-    if bk is not None:
-        k = k + bk
-    if bv is not None:
-        v = v + bv
+def attention_qkv(q, k, v, c, rope=None):
+    """softmax(c q~ k~^T) v from the biased q, k, v (..., N, d), RoPE written as Hugging Face
+    (rotate_half) and GPT-J (interleaved) write it; complex-safe (no conjugation, no max
+    subtraction), batched over leading axes."""
     if rope is not None:
-        rd, cos, sin, rot = rope_tables(X.shape[0], q.shape[1], *rope)
+        rd, cos, sin, rot = rope_tables(q.shape[-2], q.shape[-1], *rope)
 
         def apply(x):
-            xr = x[:, :rd]
-            return np.hstack([xr * cos + rot(xr) * sin, x[:, rd:]])
+            xr = x[..., :rd]
+            return np.concatenate([xr * cos + rot(xr) * sin, x[..., rd:]], axis=-1)
         q, k = apply(q), apply(k)
-    L = (q @ k.T) / np.sqrt(WQ.shape[1])
-    E = np.exp(L)
-    return (E / E.sum(axis=1, keepdims=True)) @ v
+    E = np.exp(c * (q @ np.swapaxes(k, -1, -2)))
+    return (E / E.sum(axis=-1, keepdims=True)) @ v
 
 
-def jacobian(X, WQ, WK, WV, bq=None, bk=None, bv=None, rope=None):
+def jacobian(X, WQ, WK, WV, bq=None, bk=None, bv=None, rope=None, c=None):
     """J = d vec(A) / d [vec W_Q, vec W_K, vec W_V] (column-major vec, MATH.md §1) by the complex
-    step: each column is Im A(W + i h e) / h, exact to rounding."""
+    step, exact to rounding (attention is analytic in W), batched over J's columns: W[a, b] +=
+    i h moves column b of X W by i h x_a, so the columns a + D b of a block come from one batch."""
     h = 1e-30
-    cols = []
+    N, D = X.shape
+    c = 1 / np.sqrt(WQ.shape[1]) if c is None else c
+    M = [X @ W + (0 if b is None else b) for W, b in ((WQ, bq), (WK, bk), (WV, bv))]
+    blocks = []
     for which in range(3):
-        W = (WQ, WK, WV)[which]
-        for j in range(W.shape[1]):
-            for i in range(W.shape[0]):
-                Ws = [WQ.astype(complex), WK.astype(complex), WV.astype(complex)]
-                Ws[which][i, j] += 1j * h
-                A = attention(X, *Ws, bq, bk, bv, rope)
-                cols.append((A.imag / h).reshape(-1, order="F"))
-    return np.array(cols).T
+        cols = []
+        for b in range(M[which].shape[1]):
+            P = np.broadcast_to(M[which].astype(complex), (D, N, M[which].shape[1])).copy()
+            P[:, :, b] += 1j * h * X.T
+            qkv = [P if w == which else M[w][None] for w in range(3)]
+            A = attention_qkv(*qkv, c, rope)
+            cols.append((A.imag / h).transpose(0, 2, 1).reshape(D, -1))  # vec(A) column-major
+        blocks.append(np.concatenate(cols, axis=0))
+    return np.concatenate(blocks, axis=0).T
 
 
 def kappa(J):
@@ -316,15 +306,6 @@ class TestRefusals(Base):
         p, _ = self.save("scaled", t, {"model_type": "llama", "num_attention_heads": 2,
                                        "rope_scaling": {"rope_type": "linear", "factor": 2}})
         self.refused(p, "--jacobian", "--tokens", 4, says="rope_scaling linear is not modelled")
-
-
-def main():
-    global EXE
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--exe", required=True)
-    args, rest = ap.parse_known_args()
-    EXE = os.path.abspath(args.exe)
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ import unittest
 import numpy as np
 from safetensors.numpy import load_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# J by the complex step, the reference of the CLI's bias and RoPE tests.
+from test_cli_bias_rope import jacobian as complex_step_jacobian  # noqa: E402
+
 EXE = None
 MODELS = None
 TORCH_PY = None
@@ -87,28 +91,6 @@ class Checks(unittest.TestCase):
         self.assertLessEqual(abs(got - ref), RTOL * ref, f"{what} +lambda I: {got} vs {ref}")
 
 
-def complex_step_jacobian(X, Q, K, V, c):
-    """J of softmax(c Q K^T) V with respect to (W_Q, W_K, W_V), Q = X W_Q + 1 b_Q^T etc. given
-    biased, by the complex step batched over J's columns (exact to rounding; columns a + D b of
-    each block, MATH.md §1): W_Q[a, b] += i h moves column b of Q by i h x_a."""
-    h = 1e-30
-    N, D = X.shape
-    blocks = []
-    for which in range(3):
-        M = (Q, K, V)[which]
-        cols = []
-        for b in range(M.shape[1]):
-            P = np.broadcast_to(M.astype(complex), (D, N, M.shape[1])).copy()
-            P[:, :, b] += 1j * h * X.T
-            q, k, v = (P if which == w else (Q, K, V)[w][None] for w in range(3))
-            L = c * (q @ np.swapaxes(k, -1, -2))
-            E = np.exp(L)
-            A = (E / E.sum(axis=2, keepdims=True)) @ v
-            cols.append((A.imag / h).transpose(0, 2, 1).reshape(D, -1))  # vec(A) column-major
-        blocks.append(np.concatenate(cols, axis=0))
-    return np.concatenate(blocks, axis=0).T
-
-
 class MiniLM(Checks):
     @classmethod
     def setUpClass(cls):
@@ -150,8 +132,8 @@ class MiniLM(Checks):
                 rep = analyze_json(self.dir, *args, *([] if biased else ["--no-biases"]))
                 L = rep["layers"][0]
                 J = L["jacobian"][0]
-                Q, K, V = (X @ W[n] + (b[n] if biased else 0) for n in ("query", "key", "value"))
-                s = svals(complex_step_jacobian(X, Q, K, V, 1 / np.sqrt(32)))
+                bs = [b[n] if biased else None for n in ("query", "key", "value")]
+                s = svals(complex_step_jacobian(X, W["query"], W["key"], W["value"], *bs))
                 with self.subTest(biased=biased):
                     self.assertEqual(L["biases"]["b_Q"], p + "query.bias" if biased else None)
                     self.assertIsNone(L["rope"])

@@ -118,12 +118,17 @@ def test_jacobian_against_jacrev_of_the_hugging_face_formula(name, biased, rope)
     assert np.allclose(np.concatenate([grads.dbQ, grads.dbK, grads.dbV]), gb, rtol=0, atol=1e-12)
 
 
-def test_kappa_jacobian_with_biases_and_rope_agrees_with_the_svd():
-    rng = np.random.default_rng(3)
-    N, D, dk, dv = 4, 12, 4, 4
+def random_block(seed, N, D, dk, dv):
+    """X (N x D), W_Q, W_K, W_V scaled by 1/sqrt(D), and biases (b_Q, b_K, b_V)."""
+    rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, D))
-    WQ, WK, WV = (rng.standard_normal((D, w)) / np.sqrt(D) for w in (dk, dk, dv))
+    W = tuple(rng.standard_normal((D, w)) / np.sqrt(D) for w in (dk, dk, dv))
     b = (rng.standard_normal(dk), rng.standard_normal(dk), rng.standard_normal(dv))
+    return X, W, b
+
+
+def test_kappa_jacobian_with_biases_and_rope_agrees_with_the_svd():
+    X, (WQ, WK, WV), b = random_block(3, 4, 12, 4, 4)
     rope = sc.Rope("interleaved")
     J = sc.attention_jacobian(X, WQ, WK, WV, biases=b, rope=rope)
     s = np.linalg.svd(J, compute_uv=False)
@@ -139,11 +144,7 @@ def test_kappa_jacobian_with_biases_and_rope_agrees_with_the_svd():
 
 
 def test_theorem34_with_biases_and_rope_reports_the_bound_not_applicable():
-    rng = np.random.default_rng(5)
-    N, D, dk, dv = 4, 8, 4, 3
-    X = rng.standard_normal((N, D))
-    WQ, WK, WV = (rng.standard_normal((D, w)) / np.sqrt(D) for w in (dk, dk, dv))
-    b = (rng.standard_normal(dk), rng.standard_normal(dk), rng.standard_normal(dv))
+    X, (WQ, WK, WV), b = random_block(5, 4, 8, 4, 3)
     plain = sc.theorem34(X, WQ, WK, WV)
     assert plain.bound_applies and np.isfinite(plain.bound_plus)
     r = sc.theorem34(X, WQ, WK, WV, biases=b, rope=sc.Rope("rotate_half"))

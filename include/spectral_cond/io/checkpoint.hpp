@@ -260,7 +260,7 @@ class CheckpointReader {
                       detail::shape_string(t.shape) + ", expected a 2-D matrix");
       m = pt->matrix(name);
     } else if (gguf_) {
-      m = gguf_matrix(name);
+      m = in_hf_row_order(*gguf_, name, gguf_->matrix(name));
     } else {
       const NpyArray a = array(name);
       if (a.ndim() != 2)
@@ -292,11 +292,9 @@ class CheckpointReader {
       v = pt->matrix(name).col(0);
     } else if (gguf_) {
       const std::vector<double> x = gguf_->values(name);
-      v = Eigen::Map<const Vec<double>>(x.data(), static_cast<Index>(x.size()));
-      if (detail::ends_with(name, "attn_q.bias") || detail::ends_with(name, "attn_k.bias")) {
-        const Mat<double> m = gguf_llama_rows(v, name);
-        v = m.col(0);
-      }
+      v = in_hf_row_order(*gguf_, name,
+                          Eigen::Map<const Mat<double>>(x.data(), static_cast<Index>(x.size()), 1))
+              .col(0);
     } else {
       const NpyArray a = array(name);
       v = Eigen::Map<const Vec<double>>(a.data.data(), static_cast<Index>(a.data.size()));
@@ -341,36 +339,6 @@ class CheckpointReader {
     auto it = entries_.find(name);
     if (it == entries_.end()) throw IoError(path_ + ": no tensor " + detail::quote(name));
     return it->second;
-  }
-
-  /// A GGUF matrix; for architecture "llama", attn_q / attn_k rows back in Hugging Face order
-  /// (the converter permutes them for llama.cpp's RoPE: io::undo_llama_rope_permutation).
-  Mat<double> gguf_matrix(const std::string& name) const {
-    Mat<double> m = gguf_->matrix(name);
-    if (!detail::ends_with(name, "attn_q.weight") && !detail::ends_with(name, "attn_k.weight"))
-      return m;
-    return gguf_llama_rows(m, name);
-  }
-
-  /// The rows of an attn_q / attn_k tensor (weight or bias) of architecture "llama" in Hugging
-  /// Face order; other architectures' unchanged.
-  Mat<double> gguf_llama_rows(Mat<double> m, const std::string& name) const {
-    if (gguf_->get_string("general.architecture").value_or("") != "llama") return m;
-    const bool q =
-        detail::ends_with(name, "attn_q.weight") || detail::ends_with(name, "attn_q.bias");
-    const std::optional<std::int64_t> heads = gguf_->get_int("llama.attention.head_count");
-    std::optional<std::int64_t> kv = gguf_->get_int("llama.attention.head_count_kv");
-    if (!kv) kv = heads;
-    const std::optional<std::int64_t> n = q ? heads : kv;
-    if (!n || *n < 1)
-      throw IoError(gguf_->path() + ": gguf: tensor " + detail::quote(name) +
-                    ": llama.attention.head_count is missing, so its rows cannot be put back in "
-                    "Hugging Face order");
-    if (m.rows() % (2 * *n) != 0)
-      throw IoError(gguf_->path() + ": gguf: tensor " + detail::quote(name) + " has " +
-                    std::to_string(m.rows()) + " rows, not a multiple of 2 x " +
-                    std::to_string(*n) + " heads");
-    return undo_llama_rope_permutation(m, static_cast<Index>(*n));
   }
 
   void open_file(const std::string& p, CheckpointFormat f) {

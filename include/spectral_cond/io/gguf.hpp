@@ -234,5 +234,34 @@ inline Mat<double> undo_llama_rope_permutation(const Mat<double>& w, Index n_hea
   return out;
 }
 
+/// A tensor of `g` (its weight as a matrix, or its bias as one column) with its rows in Hugging
+/// Face order: for architecture "llama", the attn_q / attn_k weights and biases had their rows
+/// permuted by the converter (undo_llama_rope_permutation, with attention.head_count for attn_q
+/// and attention.head_count_kv, else head_count, for attn_k); every other tensor and
+/// architecture is returned unchanged. IoError naming the tensor when the head count is missing
+/// or does not fit its rows.
+inline Mat<double> in_hf_row_order(const GgufFile& g, const std::string& tensor, Mat<double> m) {
+  auto is = [&](const std::string& suffix) {
+    return tensor.size() >= suffix.size() &&
+           tensor.compare(tensor.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const bool q = is("attn_q.weight") || is("attn_q.bias");
+  const bool k = is("attn_k.weight") || is("attn_k.bias");
+  if ((!q && !k) || g.get_string("general.architecture").value_or("") != "llama") return m;
+  const std::optional<std::int64_t> heads = g.get_int("llama.attention.head_count");
+  std::optional<std::int64_t> kv = g.get_int("llama.attention.head_count_kv");
+  if (!kv) kv = heads;
+  const std::optional<std::int64_t> n = q ? heads : kv;
+  if (!n || *n < 1)
+    throw IoError(g.path() + ": gguf: tensor " + detail::quote(tensor) +
+                  ": llama.attention.head_count is missing, so its rows cannot be put back in "
+                  "Hugging Face order");
+  if (m.rows() % (2 * *n) != 0)
+    throw IoError(g.path() + ": gguf: tensor " + detail::quote(tensor) + " has " +
+                  std::to_string(m.rows()) + " rows, not a multiple of 2 x " + std::to_string(*n) +
+                  " heads");
+  return undo_llama_rope_permutation(m, static_cast<Index>(*n));
+}
+
 }  // namespace io
 }  // namespace spectral_cond
