@@ -31,7 +31,7 @@ import report  # noqa: E402
 from train import ARMS, run, task_config  # noqa: E402
 
 TASKS = ("vision", "language")
-TUNE_LRS = (3e-4, 1e-3, 3e-3)
+TUNE_LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 TUNE_SEEDS = (100, 101)  # not among the evaluation seeds
 
 

@@ -59,13 +59,13 @@ def task_config(task: str, quick: bool = False, lr: Optional[float] = None) -> T
     if task == "vision":
         c = (TaskConfig("vision", D=24, depth=1, heads=2, mlp=32, epochs=1, batch=64, lr=1e-3)
              if quick else
-             TaskConfig("vision", D=32, depth=3, heads=4, mlp=64, epochs=30, batch=64, lr=1e-3))
+             TaskConfig("vision", D=32, depth=3, heads=4, mlp=64, epochs=30, batch=64, lr=3e-4))
     elif task == "language":
         c = (TaskConfig("language", D=16, depth=1, heads=2, mlp=32, epochs=1, batch=16,
                         lr=1e-3, context=12, steps_per_epoch=10, valid_windows=32)
              if quick else
              TaskConfig("language", D=48, depth=2, heads=4, mlp=96, epochs=12, batch=32,
-                        lr=1e-3, context=32, steps_per_epoch=150, valid_windows=512))
+                        lr=3e-3, context=32, steps_per_epoch=150, valid_windows=512))
     else:
         raise ValueError(f"task must be 'vision' or 'language' (got {task!r})")
     if lr is not None:
