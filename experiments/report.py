@@ -75,8 +75,9 @@ def epoch_rows(result: dict) -> List[dict]:
         fb = [h["free_bound"] for h in hs]
         row["free_bound_median"] = _median(fb)
         # The bound is proven; a head over it (beyond the two stated accuracies) would be a defect.
+        slack = 64 * np.finfo(float).eps  # the bound's own rounding, beyond kappa(J)'s accuracy
         row["free_bound_holds"] = all(
-            not (h["kappa_J"] > h["free_bound"] * (1 + h["accuracy"] + 1e-12))
+            not (h["kappa_J"] > h["free_bound"] * (1 + h["accuracy"] + slack))
             for h in hs if not math.isnan(h["free_bound"]) and not math.isnan(h["kappa_J"]))
         row["methods"] = "|".join(sorted({h["method"] for h in hs}))
         row["accuracy_max"] = _max([h["accuracy"] for h in hs])
@@ -111,18 +112,24 @@ def write_csv(path: str, rows: Iterable[dict], columns: Sequence[str]) -> None:
     w.writeheader()
     for r in rows:
         w.writerow({k: _cell(r.get(k, "")) for k in columns})
-    _write_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())
 
 
-def _write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text_or_writer) -> None:
+    """Writes `path` through a temporary file in its folder renamed over it, so a failed run
+    leaves no half-written file: `text_or_writer` is the text, or a function writing to a path."""
     import os
     import tempfile
 
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-",
+                               suffix=os.path.splitext(path)[1])
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        if callable(text_or_writer):
+            os.close(fd)
+            text_or_writer(tmp)
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(text_or_writer)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -130,15 +137,12 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def json_value(v):
-    """JSON has no inf or NaN: +inf is written as "inf", NaN as null (as KappaMonitor does)."""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return None
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
+    """The KappaMonitor log's encoding (+inf as "inf", NaN as null), numpy scalars as Python's."""
+    from spectral_cond.torch import _json_value
+
     if isinstance(v, (np.floating, np.integer, np.bool_)):
-        return json_value(v.item())
-    return v
+        v = v.item()
+    return _json_value(v)
 
 
 def json_value_tree(v):
@@ -151,7 +155,7 @@ def json_value_tree(v):
 
 
 def write_jsonl(path: str, records: Iterable[dict]) -> None:
-    _write_atomic(path, "".join(json.dumps({k: json_value(v) for k, v in r.items()}) + "\n"
+    write_atomic(path, "".join(json.dumps({k: json_value(v) for k, v in r.items()}) + "\n"
                                 for r in records))
 
 
@@ -314,17 +318,7 @@ def plot(rows: List[dict], arms: Sequence[str], task: str, path: str) -> None:
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"{task}: median over seeds (line) and range (band)")
     fig.tight_layout()
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-",
-                               suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     finally:
         plt.close(fig)

@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     report.write_csv(os.path.join(a.out, "epochs.csv"), rows, report.EPOCH_COLUMNS)
     summ = report.summary(rows, a.arms)
     table = report.markdown_table(summ)
-    report._write_atomic(os.path.join(a.out, "results.md"), table)
+    report.write_atomic(os.path.join(a.out, "results.md"), table)
     for t in a.tasks:
         report.plot(rows, a.arms, t, os.path.join(a.out, f"{t}.png"))
     import numpy
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
                       numpy=numpy.__version__, spectral_cond=spectral_cond.__version__),
         machine=dict(cores=os.cpu_count(), platform=platform.platform()),
         summary=summ)
-    report._write_atomic(os.path.join(a.out, "summary.json"),
+    report.write_atomic(os.path.join(a.out, "summary.json"),
                          json.dumps(report.json_value_tree(meta), indent=1) + "\n")
     print(table)
     print(f"run.py: {len(jobs)} runs in {wall:.0f} s, written to {a.out}", file=sys.stderr)
