@@ -100,8 +100,8 @@ void register_analyze(CLI::App& app) {
                   "kappa = 2 sigma_1/(sigma_1 + sigma_r))");
   cmd->add_option("--method", a->method,
                   "kappa(J) method: auto (default), dense, gram, "
-                  "iterative, qr, lobpcg")
-      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}));
+                  "iterative, qr, lobpcg, matfree")
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg", "matfree"}));
   cmd->add_option("--scale", a->scale, "logit scale c (default 1/sqrt(d_k))");
   cmd->add_option("--mask", a->mask, "mask for --jacobian: none (default) or causal")
       ->check(CLI::IsMember({"none", "causal"}));

@@ -338,9 +338,10 @@ void register_kappa(CLI::App& app) {
   cmd->add_option("--scale", args->scale, "logit scale c > 0 (default 1/sqrt(d_k))");
   cmd->add_option("--mask", args->mask, "mask: none (default) or causal")
       ->check(CLI::IsMember({"none", "causal"}));
-  cmd->add_option("--method", args->method,
-                  "kappa(J) by auto (default), dense, gram, iterative, qr or lobpcg")
-      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg"}));
+  cmd->add_option(
+         "--method", args->method,
+         "kappa(J) by auto (default), dense, gram, iterative, qr, lobpcg or matfree (docs/cli.md)")
+      ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg", "matfree"}));
   cmd->add_option("--rtol", args->rtol,
                   "rank tolerance relative to sigma_1 (default max(m, n) eps; 0: every nonzero "
                   "sigma counts)");

@@ -39,7 +39,7 @@ inline void require_device(const std::string& device, JacobianKappaMethod method
         "--device cuda: spectral-cond was built without CUDA (configure with "
         "-DSPECTRAL_COND_ENABLE_CUDA=ON)");
   if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
-      method == JacobianKappaMethod::Lobpcg)
+      method == JacobianKappaMethod::Lobpcg || method == JacobianKappaMethod::Matfree)
     throw BadInput(std::string("--device cuda: --method ") + to_string(method) +
                    " has no GPU route (use auto, gram or qr)");
 #ifdef SPECTRAL_COND_HAVE_CUDA

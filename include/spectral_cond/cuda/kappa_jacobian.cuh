@@ -182,7 +182,7 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
   b.check(fn);
   const JacobianKappaMethod method = o.jacobian.method;
   if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
-      method == JacobianKappaMethod::Lobpcg)
+      method == JacobianKappaMethod::Lobpcg || method == JacobianKappaMethod::Matfree)
     spectral_cond::detail::fail(
         fn, std::string("method ") + to_string(method) + " is CPU-only (use gram, qr or auto)");
   const AttentionBatch<double> bd = detail::to_double_batch(b);

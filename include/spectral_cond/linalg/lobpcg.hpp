@@ -33,16 +33,28 @@ struct LobpcgOptions {
 
 namespace detail {
 
+/// What the iteration's stopping test measures (see lobpcg_sigma_min).
+enum class LobpcgStop {
+  /// ρ = ||M^{-1} r||: a relative bound when M is close to J J^T (the Gram preconditioner).
+  Preconditioned,
+  /// η = ||r|| / σ^2, r = J J^T x - σ^2 x unpreconditioned: a relative bound for any M.
+  Residual,
+};
+
 struct LobpcgOutcome {
   double sigma = std::numeric_limits<double>::quiet_NaN();  ///< smallest Ritz value of J^T
-  double rho = std::numeric_limits<double>::infinity();     ///< its residual bound (see below)
+  double rho = std::numeric_limits<double>::infinity();     ///< ||M^{-1} r|| (see below)
+  double eta = std::numeric_limits<double>::infinity();     ///< ||r|| / σ^2 (see below)
+  Vec<double> x;                                            ///< its unit Ritz vector
   Index iterations = 0;
   bool converged = false;
 };
 
 /// σ_min of the wide J (products J.apply(x, y) = J x and J.apply_transpose(x, y) = J^T x, one JVP
-/// or VJP per column) by LOBPCG on J J^T with the preconditioner `precondition(B)`, B <- M^{-1} B
-/// for an approximation M of J J^T (MATH.md §12). With M = G~ = L L^T, the computed Gram matrix
+/// or VJP per column) by LOBPCG on J J^T with the preconditioner `precondition(B, theta)`,
+/// B <- M^{-1} B for an approximation M of J J^T, where theta is the current smallest Ritz value
+/// (an upper bound on σ_min; NaN before the first Rayleigh-Ritz step) for preconditioners that
+/// shift by it (MATH.md §12). With M = G~ = L L^T, the computed Gram matrix
 /// (the lobpcg method):
 ///   - the Rayleigh-Ritz step takes the SVD of J^T S for an orthonormal basis S of [X, W, P]
 ///     (the singular values of J^T on span S), never the eigenvalues of S^T J J^T S, so nothing
@@ -59,10 +71,17 @@ struct LobpcgOutcome {
 ///     states that. Rounding in the products can put a
 ///     floor under ρ: the iteration stops at ρ <= tol, or once ρ <= 16 ε κ and σ moved by at most
 ///     4 ε κ relatively in the last step (nothing left to gain above rounding).
+/// With any other M (stop = LobpcgStop::Residual) ρ bounds nothing, and the test is on
+/// η = ||r|| / σ^2 for the unpreconditioned residual r = J J^T x - σ^2 x of the unit Ritz vector
+/// x: some eigenvalue λ of J J^T has |λ - σ^2| <= ||r||, so some singular value σ_i of J has
+/// |σ_i - σ| <= ||r|| / (σ_i + σ) <= η σ (MATH.md §12). The same floor applies to η.
+/// A Ritz value bounds σ_min from above (Courant-Fischer), so once it is at or below
+/// `stop_below` (a rank tolerance) the iteration stops unconverged: σ_min is that small too.
 template <typename Products, typename Precondition>
 LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, double sigma_max,
-                               const LobpcgOptions& lo,
-                               const std::function<void(double)>& progress) {
+                               const LobpcgOptions& lo, const std::function<void(double)>& progress,
+                               LobpcgStop stop = LobpcgStop::Preconditioned,
+                               double stop_below = 0) {
   const Index m = J.rows(), n = J.cols(), b = std::min(lo.block, m);
   const double eps = ScalarTraits<double>::eps();
   auto apply_t = [&](const Mat<double>& S, Mat<double>& Y) {  // Y = J^T S
@@ -74,7 +93,12 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
   // X, Y = J^T X and sig <- the b smallest Ritz triplets of span(S), ascending.
   auto rayleigh_ritz = [&]() {
     apply_t(S, YS);
-    Eigen::JacobiSVD<Mat<double>> svd(YS, Eigen::ComputeThinV);
+    // The singular values and right vectors of the tall YS are those of its triangular factor:
+    // a blocked Householder QR (BLAS-3) and then a small Jacobi SVD, never YS^T YS.
+    Eigen::HouseholderQR<Mat<double>> tall(YS);
+    const Index kr = std::min(YS.rows(), YS.cols());
+    const Mat<double> Rf = tall.matrixQR().topRows(kr).template triangularView<Eigen::Upper>();
+    Eigen::JacobiSVD<Mat<double>> svd(Rf, Eigen::ComputeThinV);
     const Index k = svd.singularValues().size(), kb = std::min(b, k);
     sig = svd.singularValues().tail(kb).reverse();
     const Mat<double> V = svd.matrixV().rightCols(kb).rowwise().reverse();
@@ -87,7 +111,7 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
   };
   Rng rng(lo.seed);
   for (Index k = 0; k < X.size(); ++k) X.data()[k] = rng.normal();
-  precondition(X);  // one step of inverse iteration with G~: the start
+  precondition(X, std::numeric_limits<double>::quiet_NaN());  // the start: one preconditioned step
   orthonormal_basis(X);
   rayleigh_ritz();
   X = Xn;
@@ -97,20 +121,26 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     R.resize(m, sig.size());
     for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
     for (Index j = 0; j < sig.size(); ++j) R.col(j) -= (sig(j) * sig(j)) * X.col(j);
-    precondition(R);  // W
+    out.eta = R.col(0).norm() / (sig(0) * sig(0));
+    precondition(R, sig(0));  // W
     const double previous = out.sigma;
     out.sigma = sig(0);
     out.rho = R.col(0).norm();
     out.iterations = it;
+    const double measure = stop == LobpcgStop::Residual ? out.eta : out.rho;
     const double floor = 16 * eps * sigma_max / sig(0);
-    if (out.rho <= lo.tol ||
-        (out.rho <= floor && std::abs(previous - out.sigma) <= 0.25 * floor * out.sigma)) {
+    if (measure <= lo.tol ||
+        (measure <= floor && std::abs(previous - out.sigma) <= 0.25 * floor * out.sigma)) {
       out.converged = true;
+      out.x = X.col(0);
       return out;
     }
-    if (it >= lo.max_iterations || !std::isfinite(out.rho)) return out;
+    if (it >= lo.max_iterations || !std::isfinite(measure) || out.sigma <= stop_below) {
+      out.x = X.col(0);
+      return out;
+    }
     if (progress) {
-      done = std::max(done, std::clamp(std::log(out.rho) / std::log(lo.tol), 0.0, 1.0));
+      done = std::max(done, std::clamp(std::log(measure) / std::log(lo.tol), 0.0, 1.0));
       progress(done);
     }
     // Basis [X, W, P], W and P scaled to unit columns (zero ones dropped) so that the QR keeps

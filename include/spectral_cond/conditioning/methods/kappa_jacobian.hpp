@@ -15,11 +15,16 @@
 //              about gram's cost. Answers only when the preconditioned iteration converges and
 //              σ_min is above the rank tolerance; otherwise (and for tall J, and when its stated
 //              accuracy exceeds max(tol, 100 ε κ)) kappa_jacobian takes qr.
+//   matfree    wide J: LOBPCG on J J^T preconditioned by I ⊗ (S + θ^2 I), S = (P X)(P X)^T, with
+//              nothing of order (N d_v)^2 formed: memory O(N d_v block + N^2), cost the products
+//              with J. Accuracy ε κ(J) plus the recomputed residual bound η. For context lengths
+//              where the Gram matrix does not fit.
 //   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
 //              triangular factor: backward stable, accuracy about ε κ(J).
-//   auto       dense when J is small; else gram when its own error estimate ε κ^2 is below the
-//              requested tolerance, otherwise an accurate method: lobpcg where it answers, qr
-//              where it does not. The note says which and why.
+//   auto       dense when J is small; matfree when J is wide and a Gram matrix and its factor
+//              would not fit the memory budget; else gram when its own error estimate ε κ^2 is
+//              below the requested tolerance, otherwise an accurate method: lobpcg where it
+//              answers, qr where it does not. The note says which and why.
 //
 // All methods compute in double, whatever the scalar of the inputs.
 #pragma once
@@ -30,6 +35,7 @@
 #include "spectral_cond/conditioning/methods/gram.hpp"
 #include "spectral_cond/conditioning/methods/iterative.hpp"
 #include "spectral_cond/conditioning/methods/lobpcg.hpp"
+#include "spectral_cond/conditioning/methods/matfree.hpp"
 #include "spectral_cond/conditioning/methods/qr.hpp"
 
 namespace spectral_cond {
@@ -90,6 +96,8 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       return kappa_jacobian_iterative<Scalar>(X, WQ, WK, WV, opts, jo);
     case JacobianKappaMethod::Qr:
       return qr();
+    case JacobianKappaMethod::Matfree:
+      return detail::validated(in, detail::matfree_condition(in, jo), jo);
     case JacobianKappaMethod::Lobpcg:
     case JacobianKappaMethod::Auto:
       break;
@@ -123,7 +131,14 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   const Index rows = jacobian_rows(X.rows(), WV.cols());
   const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
   ConditionResult<double> res;
-  if (rows * cols <= jo.dense_max_entries) {
+  // A Gram matrix and its factor, (N d_v)^2 doubles each.
+  const double square_bytes = 2.0 * 8.0 * static_cast<double>(rows) * static_cast<double>(rows);
+  const double budget = static_cast<double>(jo.resolved_memory_budget());
+  if (rows * cols > jo.dense_max_entries && rows <= cols && square_bytes > budget) {
+    res = detail::validated(in, detail::matfree_condition(in, jo), jo);
+    why << "auto chose matfree: two " << rows << " x " << rows << " matrices (" << square_bytes
+        << " bytes) exceed the memory budget of " << budget << " bytes";
+  } else if (rows * cols <= jo.dense_max_entries) {
     res = kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
     why << "auto chose dense: J has " << rows * cols << " <= " << jo.dense_max_entries
         << " entries";

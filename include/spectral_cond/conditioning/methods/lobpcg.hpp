@@ -70,7 +70,7 @@ inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const Jacobi
   const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.55 + 0.45 * f); };
-  auto precondition = [&L](Mat<double>& B) {
+  auto precondition = [&L](Mat<double>& B, double) {
     lower_solve(L, B, false);
     lower_solve(L, B, true);
   };

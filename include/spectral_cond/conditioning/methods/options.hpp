@@ -14,10 +14,24 @@
 #include <string>
 #include <thread>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
 namespace spectral_cond {
 
+/// The machine's physical memory in bytes (sysconf on POSIX systems; 8 GiB where it is unknown).
+inline std::uint64_t physical_memory_bytes() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0)
+    return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+#endif
+  return std::uint64_t(8) << 30;
+}
+
 /// How κ(J) is computed (MATH.md §12).
-enum class JacobianKappaMethod { Auto, Dense, Gram, Iterative, Qr, Lobpcg };
+enum class JacobianKappaMethod { Auto, Dense, Gram, Iterative, Qr, Lobpcg, Matfree };
 
 inline const char* to_string(JacobianKappaMethod m) {
   switch (m) {
@@ -33,19 +47,21 @@ inline const char* to_string(JacobianKappaMethod m) {
       return "qr";
     case JacobianKappaMethod::Lobpcg:
       return "lobpcg";
+    case JacobianKappaMethod::Matfree:
+      return "matfree";
   }
   return "unknown";
 }
 
-/// Parses "auto", "dense", "gram", "iterative", "qr" or "lobpcg"; throws std::invalid_argument
-/// otherwise.
+/// Parses "auto", "dense", "gram", "iterative", "qr", "lobpcg" or "matfree"; throws
+/// std::invalid_argument otherwise.
 inline JacobianKappaMethod parse_jacobian_kappa_method(const std::string& s) {
-  for (auto m :
-       {JacobianKappaMethod::Auto, JacobianKappaMethod::Dense, JacobianKappaMethod::Gram,
-        JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr, JacobianKappaMethod::Lobpcg})
+  for (auto m : {JacobianKappaMethod::Auto, JacobianKappaMethod::Dense, JacobianKappaMethod::Gram,
+                 JacobianKappaMethod::Iterative, JacobianKappaMethod::Qr,
+                 JacobianKappaMethod::Lobpcg, JacobianKappaMethod::Matfree})
     if (s == to_string(m)) return m;
   throw std::invalid_argument("method: unknown '" + s +
-                              "' (expected auto, dense, gram, iterative, qr or lobpcg)");
+                              "' (expected auto, dense, gram, iterative, qr, lobpcg or matfree)");
 }
 
 /// Options of kappa_jacobian_qr and kappa_input_jacobian_qr (MATH.md §3, §12).
@@ -108,16 +124,27 @@ struct JacobianKappaOptions {
   Index dense_max_entries = Index(1) << 22;
   /// gram: a full symmetric eigensolve up to this order, Lanczos and Cholesky above.
   Index gram_eig_max = 4000;
+  /// Bytes the (N d_v)^2 matrices of gram, lobpcg and qr may take; auto takes matfree when two
+  /// of them (a Gram matrix and its factor) would not fit. 0 (default): a quarter of the
+  /// physical memory (physical_memory_bytes).
+  std::uint64_t memory_budget = 0;
   /// The Lanczos iterations of the gram, iterative and lobpcg methods.
   LanczosOptions lanczos;
   /// The LOBPCG iteration of the lobpcg method.
   LobpcgOptions lobpcg;
+  /// The LOBPCG iteration of the matfree method, whose preconditioner is coarser than lobpcg's:
+  /// a larger block and more iterations by default (block 16, 2000 iterations).
+  LobpcgOptions matfree{16, 2000, 1e-10, default_seed};
   /// The qr method (its rtol and progress are taken from this struct when kappa_jacobian calls
   /// it).
   QrKappaOptions qr;
   /// Called with the fraction done, for progress bars; may be empty. It may throw to cancel
   /// the computation: the exception propagates and nothing is left half-done.
   std::function<void(double)> progress;
+
+  std::uint64_t resolved_memory_budget() const {
+    return memory_budget > 0 ? memory_budget : physical_memory_bytes() / 4;
+  }
 
   void check(const char* fn) const {
     if (!(tol > 0)) detail::fail(fn, "tol must be > 0");
@@ -126,6 +153,7 @@ struct JacobianKappaOptions {
       detail::fail(fn, "dense_max_entries must be >= 0 and gram_eig_max >= 1");
     lanczos.check(fn);
     lobpcg.check(fn);
+    matfree.check(fn);
     qr.check(fn);
   }
 };

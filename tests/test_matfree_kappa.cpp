@@ -1,0 +1,190 @@
+// The matfree method for kappa(J) (conditioning/methods/matfree.hpp; MATH.md §12): against a
+// dense SVD of the assembled J over the shape classes (N < D, N = D, N > D), no mask and causal,
+// Gaussian and LayerNorm'd tokens, lambda in {0, 10}; where it answers it agrees within its
+// stated accuracy, where it cannot it declines (never a silent wrong answer); against qr and
+// lobpcg at N = 256; auto's choice under a memory budget; tall J; float inputs.
+#include <spectral_cond/conditioning/corrections.hpp>
+#include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
+
+#include "support/dense_reference.hpp"
+#include "support/test_helpers.hpp"
+
+using namespace spectral_cond;
+using sc_test::dense_reference;
+using sc_test::make_problem;
+using sc_test::Problem;
+
+namespace {
+
+double rel(double a, double b) {
+  return std::abs(a - b) / std::abs(b);
+}
+
+JacobianKappaOptions with_method(JacobianKappaMethod m) {
+  JacobianKappaOptions jo;
+  jo.method = m;
+  return jo;
+}
+
+/// Rows of X with mean 0 and variance 1, as a LayerNorm without affine parameters makes them.
+template <typename Scalar>
+void layer_norm_rows(Problem<Scalar>& p) {
+  for (Index i = 0; i < p.X.rows(); ++i) {
+    p.X.row(i).array() -= p.X.row(i).mean();
+    p.X.row(i) /= std::sqrt(p.X.row(i).squaredNorm() / static_cast<Scalar>(p.X.cols()));
+  }
+}
+
+/// The outcome of one comparison: answered and agreeing, declined as singular, or declined for
+/// another reason. A wrong answer fails.
+struct Tally {
+  int answered = 0, singular = 0, declined = 0;
+};
+
+/// If matfree answered, it agrees with the reference `d` within its stated accuracy plus the
+/// reference's own ε κ, times 20 for the polynomial in the sizes; if it declined, kappa is NaN
+/// and the note says why.
+void check_honest(const ConditionResult<double>& m, const ConditionResult<double>& d, Tally& t) {
+  INFO("matfree: info " << to_string(m.info) << " sigma_min " << m.sigma_min << " kappa " << m.kappa
+                        << " accuracy " << m.accuracy << " iterations " << m.iterations
+                        << " note: " << m.note);
+  INFO("reference: info " << to_string(d.info) << " sigma_min " << d.sigma_min << " kappa "
+                          << d.kappa);
+  if (m.info != Info::Success) {
+    ++(m.info == Info::Singular ? t.singular : t.declined);
+    CHECK(std::isnan(m.kappa));
+    CHECK(!m.note.empty());
+    return;
+  }
+  ++t.answered;
+  CHECK(m.method == "matfree");
+  REQUIRE(d.info == Info::Success);
+  const double allowed = 20 * (m.accuracy + sc_test::eps<double>() * d.kappa);
+  CHECK(rel(m.sigma_max, d.sigma_max) < 1e-12);
+  CHECK(rel(m.sigma_min, d.sigma_min) <= allowed);
+  CHECK(rel(m.kappa, d.kappa) <= allowed + 1e-12);
+  CHECK(m.accuracy < 1e-6);
+}
+
+}  // namespace
+
+TEST_CASE("matfree agrees with the dense SVD of J across shapes, masks, tokens and lambda") {
+  struct Shape {
+    Index N, D, d;
+  };
+  std::vector<Shape> shapes{{16, 24, 8}, {24, 24, 6}, {32, 16, 4}};
+  if (SC_TEST_SANITIZED) shapes = {{8, 12, 4}, {12, 8, 3}};
+  Tally t;
+  std::uint64_t seed = 300;
+  for (const Shape s : shapes)
+    for (const MaskKind mask : {MaskKind::None, MaskKind::Causal})
+      for (const bool ln : {false, true})
+        for (const double lambda : {0.0, 10.0}) {
+          ++seed;
+          INFO("seed=" << seed << " N=" << s.N << " D=" << s.D << " d=" << s.d << " mask "
+                       << to_string(mask) << (ln ? " LayerNorm'd" : " Gaussian") << " lambda "
+                       << lambda);
+          auto p = make_problem<double>(s.N, s.D, s.d, s.d, seed, mask);
+          if (ln) layer_norm_rows(p);
+          if (lambda != 0) {
+            const Mat<double> E = rectangular_identity<double>(s.D, s.d);
+            p.WQ += lambda * E;
+            p.WK += lambda * E;
+          }
+          JacobianKappaOptions jo;
+          jo.matfree.max_iterations = 400;  // where the channel blocks are too weak, decline soon
+          const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+          const auto d = dense_reference(p);
+          check_honest(m, d, t);
+          // A Ritz value bounds sigma_min from above: singular means sigma_min <= rank_tol.
+          if (m.info == Info::Singular) CHECK(d.sigma_min <= m.rank_tol * (1 + 1e-8));
+        }
+  const int total = t.answered + t.singular + t.declined;
+  MESSAGE("matfree answered " << t.answered << " of " << total << " instances, declined "
+                              << t.singular << " as singular and " << t.declined
+                              << " as not converging");
+  // Declining is allowed, but a method that always declined would pass the loop above.
+  CHECK(t.answered >= total / 4);
+  CHECK(t.answered + t.singular >= total / 2);
+}
+
+TEST_CASE("matfree against qr and lobpcg at N = 256 (causal, LayerNorm'd, N > D)") {
+  if (SC_TEST_SANITIZED) return;  // thousands of JVPs at -O0: the Release suite has it
+  auto p = make_problem<double>(256, 128, 4, 4, 41, MaskKind::Causal);
+  layer_norm_rows(p);
+  p.WQ *= 0.5;  // logits of order 1: a softmax neither uniform nor saturated
+  p.WK *= 0.5;
+  JacobianKappaOptions jo = with_method(JacobianKappaMethod::Matfree);
+  const auto m = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  const auto q =
+      kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, with_method(JacobianKappaMethod::Qr));
+  const auto l = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts,
+                                        with_method(JacobianKappaMethod::Lobpcg));
+  MESSAGE("N = 256: kappa(J) = " << q.kappa << "; matfree " << m.iterations
+                                 << " iterations, stated accuracy " << m.accuracy
+                                 << ", rel. difference to qr " << rel(m.sigma_min, q.sigma_min)
+                                 << ", to lobpcg " << rel(m.sigma_min, l.sigma_min));
+  REQUIRE(q.info == Info::Success);
+  REQUIRE(l.info == Info::Success);
+  Tally t;
+  check_honest(m, q, t);
+  CHECK(t.answered + t.declined == 1);
+  if (t.answered == 1) CHECK(rel(m.sigma_min, l.sigma_min) <= 20 * (m.accuracy + l.accuracy));
+}
+
+TEST_CASE("matfree where N <= D: the proven lower bound sigma_N(PX) is in the note and holds") {
+  auto p = make_problem<double>(12, 32, 8, 4, 77, MaskKind::Causal);
+  const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts);
+  const auto d = dense_reference(p);
+  Tally t;
+  check_honest(m, d, t);
+  REQUIRE(t.answered == 1);
+  CHECK(m.note.find("sigma_min >= sigma_N(PX)") != std::string::npos);
+  AttentionCache<double> c;
+  attention_forward<double>(p.X, p.WQ, p.WK, p.WV, p.opts, c);
+  const Eigen::JacobiSVD<Mat<double>> svd(c.P * p.X);
+  CHECK(svd.singularValues()(p.X.rows() - 1) <= d.sigma_min * (1 + 1e-12));
+}
+
+TEST_CASE("auto takes matfree when the Gram matrix would not fit the memory budget") {
+  auto p = make_problem<double>(20, 24, 6, 6, 5, MaskKind::Causal);
+  JacobianKappaOptions jo;
+  jo.dense_max_entries = 0;  // not dense
+  jo.memory_budget = 1;      // nothing of order (N d_v)^2 fits
+  jo.matfree.max_iterations = 400;
+  const auto a = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO(a.note);
+  CHECK(a.note.rfind("auto chose matfree", 0) == 0);
+  Tally t;
+  check_honest(a, dense_reference(p), t);
+  CHECK(t.answered == 1);
+  jo.memory_budget = std::uint64_t(1) << 40;  // everything fits: the former choice
+  const auto b = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  CHECK(b.note.find("matfree") == std::string::npos);
+  CHECK(jo.resolved_memory_budget() == std::uint64_t(1) << 40);
+  jo.memory_budget = 0;
+  CHECK(jo.resolved_memory_budget() == physical_memory_bytes() / 4);
+  CHECK(physical_memory_bytes() > 0);
+}
+
+TEST_CASE("matfree declines a tall J and reads float inputs") {
+  const auto tall = make_problem<double>(24, 4, 2, 4, 8);  // 96 rows, 32 columns
+  const auto r = kappa_jacobian_matfree<double>(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts);
+  CHECK(r.info == Info::Singular);
+  CHECK(std::isnan(r.kappa));
+  CHECK(r.note.find("tall") != std::string::npos);
+  const auto pf = make_problem<float>(10, 16, 4, 4, 9);
+  const auto f = kappa_jacobian_matfree<float>(pf.X, pf.WQ, pf.WK, pf.WV, pf.opts);
+  Tally t;
+  check_honest(f, dense_reference(pf), t);
+  CHECK(t.answered == 1);
+}
+
+TEST_CASE("matfree: the method's name parses, and kappa_jacobian routes it") {
+  CHECK(parse_jacobian_kappa_method("matfree") == JacobianKappaMethod::Matfree);
+  CHECK(std::string(to_string(JacobianKappaMethod::Matfree)) == "matfree");
+  const auto p = make_problem<double>(10, 12, 4, 3, 12);
+  const auto r = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts,
+                                        with_method(JacobianKappaMethod::Matfree));
+  CHECK(r.method == "matfree");
+}
