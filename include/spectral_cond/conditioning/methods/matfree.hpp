@@ -175,7 +175,8 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
 /// κ(J) of a wide J by the matrix-free method (top of this header; MATH.md §12): nothing of order
 /// (N d_v)^2 is formed, so it runs where gram, lobpcg and qr do not fit (a GPT-2 head at
 /// N = 1024 has a 34 GB Gram matrix). σ_max by Lanczos on J J^T; σ_min by LOBPCG on J J^T with
-/// M = I_{d_v} ⊗ (S + θ^2 I) as preconditioner, stopped on the unpreconditioned residual. At the
+/// the d_v channel blocks of J J^T as preconditioner (ChannelBlockPreconditioner), stopped on the
+/// unpreconditioned residual. At the
 /// end the residual of the Ritz pair is recomputed from two products: some singular value of J
 /// lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2. Stated accuracy ε κ + η.
 /// Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration `block` products with
