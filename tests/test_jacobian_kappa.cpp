@@ -2,10 +2,12 @@
 // their stated accuracy, and each one's stated accuracy is honest (compared with dense SVD of J).
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
+#include "support/kappa_methods.hpp"
 #include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::randn;
+using sc_test::rel;
 
 namespace {
 struct Inst {
@@ -22,9 +24,6 @@ Inst make(Index N, Index D, Index dk, Index dv, std::uint64_t seed, double wscal
   in.WV = randn<double>(D, dv, rng, wscale);
   in.opts.mask = mask;
   return in;
-}
-double rel(double a, double b) {
-  return std::abs(a - b) / std::abs(b);
 }
 }  // namespace
 

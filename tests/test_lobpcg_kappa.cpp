@@ -5,27 +5,20 @@
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
 #include "support/dense_reference.hpp"
+#include "support/kappa_methods.hpp"
 #include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::dense_reference;
 using sc_test::make_problem;
 using sc_test::Problem;
+using sc_test::rel;
+using sc_test::with_method;
 
 namespace {
 
 // N = D = d_k = d_v of the mid-sized cases (smaller under the sanitizers, which run at -O0).
 constexpr Index kMid = SC_TEST_SANITIZED ? 12 : 24;
-
-double rel(double a, double b) {
-  return std::abs(a - b) / std::abs(b);
-}
-
-JacobianKappaOptions with_method(JacobianKappaMethod m) {
-  JacobianKappaOptions jo;
-  jo.method = m;
-  return jo;
-}
 
 /// lobpcg answered, and agrees with the dense SVD to `tol` or to what the two accuracies allow:
 /// its stated accuracy plus the SVD's ε κ, with a factor 20 for the polynomial in the sizes.

@@ -7,24 +7,17 @@
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 
 #include "support/dense_reference.hpp"
+#include "support/kappa_methods.hpp"
 #include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
 using sc_test::dense_reference;
 using sc_test::make_problem;
 using sc_test::Problem;
+using sc_test::rel;
+using sc_test::with_method;
 
 namespace {
-
-double rel(double a, double b) {
-  return std::abs(a - b) / std::abs(b);
-}
-
-JacobianKappaOptions with_method(JacobianKappaMethod m) {
-  JacobianKappaOptions jo;
-  jo.method = m;
-  return jo;
-}
 
 /// Rows of X with mean 0 and variance 1, as a LayerNorm without affine parameters makes them.
 template <typename Scalar>

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "support/dense_reference.hpp"
+#include "support/kappa_methods.hpp"
 #include "support/test_helpers.hpp"
 
 using namespace spectral_cond;
@@ -13,12 +14,9 @@ using sc_test::dense_reference;
 using sc_test::make_problem;
 using sc_test::Problem;
 using sc_test::randn;
+using sc_test::rel;
 
 namespace {
-
-double rel(double a, double b) {
-  return std::abs(a - b) / std::abs(b);
-}
 
 /// qr and the dense SVD agree to `tol`, or to 20 ε κ when that is larger: both methods are
 /// backward stable, so each σ_min carries a relative error of about ε κ (MATH.md §3); for a

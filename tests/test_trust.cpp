@@ -9,11 +9,13 @@
 #include <spectral_cond/io/npy.hpp>
 
 #include "support/dense_reference.hpp"
+#include "support/kappa_methods.hpp"
 #include "support/test_helpers.hpp"
 
 #include <filesystem>
 
 using namespace spectral_cond;
+using sc_test::rel;
 namespace fs = std::filesystem;
 
 namespace {
@@ -43,10 +45,6 @@ ConditionResult<double> compressed_reference(const Case& c) {
   KappaOptions<double> ko;
   ko.svd = have_lapacke() ? SvdMethod::Lapack : SvdMethod::BDC;
   return kappa(Jt, ko);
-}
-
-double rel(double a, double b) {
-  return std::abs(a - b) / std::abs(b);
 }
 
 /// A success is within its stated accuracy of the reference (σ_min, and κ to the same order);

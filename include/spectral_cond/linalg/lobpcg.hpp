@@ -51,10 +51,9 @@ struct LobpcgOutcome {
 };
 
 /// σ_min of the wide J (products J.apply(x, y) = J x and J.apply_transpose(x, y) = J^T x, one JVP
-/// or VJP per column) by LOBPCG on J J^T with the preconditioner `precondition(B, theta)`,
-/// B <- M^{-1} B for an approximation M of J J^T, where theta is the current smallest Ritz value
-/// (an upper bound on σ_min; NaN before the first Rayleigh-Ritz step) for preconditioners that
-/// shift by it (MATH.md §12). With M = G~ = L L^T, the computed Gram matrix
+/// or VJP per column) by LOBPCG on J J^T with the preconditioner `precondition(B)`,
+/// B <- M^{-1} B for an approximation M of J J^T (MATH.md §12). With M = G~ = L L^T, the
+/// computed Gram matrix
 /// (the lobpcg method):
 ///   - the Rayleigh-Ritz step takes the SVD of J^T S for an orthonormal basis S of [X, W, P]
 ///     (the singular values of J^T on span S), never the eigenvalues of S^T J J^T S, so nothing
@@ -111,7 +110,7 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
   };
   Rng rng(lo.seed);
   for (Index k = 0; k < X.size(); ++k) X.data()[k] = rng.normal();
-  precondition(X, std::numeric_limits<double>::quiet_NaN());  // the start: one preconditioned step
+  precondition(X);  // the start: one preconditioned step
   orthonormal_basis(X);
   rayleigh_ritz();
   X = Xn;
@@ -122,7 +121,7 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
     for (Index j = 0; j < sig.size(); ++j) R.col(j) -= (sig(j) * sig(j)) * X.col(j);
     out.eta = R.col(0).norm() / (sig(0) * sig(0));
-    precondition(R, sig(0));  // W
+    precondition(R);  // W
     const double previous = out.sigma;
     out.sigma = sig(0);
     out.rho = R.col(0).norm();

@@ -7,7 +7,10 @@
 #include "spectral_cond/conditioning/methods/options.hpp"
 #include "spectral_cond/jacobian/jacobian.hpp"
 #include "spectral_cond/jacobian/operators.hpp"
+#include "spectral_cond/linalg/lanczos.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -173,6 +176,92 @@ inline double sigma_max_lower_bound(const KJInputs& in, Index iterations, std::u
   }
   return best;
 }
+
+/// y = J J^T x by one VJP then one JVP through an existing JacobianProducts (the operator of
+/// GramOp without a second forward pass), for Lanczos.
+struct ProductsGram {
+  using Scalar = double;
+  explicit ProductsGram(const JacobianProducts<double>& J) : J_(J), t_(J.cols()) {}
+  Index rows() const { return J_.rows(); }
+  Index cols() const { return J_.rows(); }
+  void perform_op(const double* x, double* y) const {
+    J_.apply_transpose(x, t_.data());
+    J_.apply(t_.data(), y);
+  }
+
+ private:
+  const JacobianProducts<double>& J_;
+  mutable Vec<double> t_;
+};
+
+/// What the methods that run LOBPCG on J J^T (lobpcg, matfree) share: the declines, σ_max by
+/// Lanczos, and the answer once σ_min is found.
+struct LobpcgRun {
+  ConditionResult<double> res;
+  const JacobianKappaOptions& jo;
+  KappaOptions<double> ko;
+
+  LobpcgRun(const char* method, const JacobianKappaOptions& o) : jo(o), ko(kappa_opts(o)) {
+    res.method = method;
+  }
+
+  /// No answer: σ_min, κ and the accuracy NaN, the rank unknown, `why` in the note.
+  ConditionResult<double> decline(Info info, const std::string& why) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    res.info = info;
+    res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
+    res.rank = -1;
+    res.note = why;
+    if (jo.progress) jo.progress(1.0);
+    return res;
+  }
+
+  /// A tall J: κ = +inf by the gauge directions, which LOBPCG on J J^T cannot show.
+  ConditionResult<double> decline_tall() {
+    return decline(Info::Singular,
+                   "J is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in its null space "
+                   "(MATH.md 4), so kappa = +inf; the rank and kappa_plus need method qr");
+  }
+
+  /// σ_max by Lanczos on J J^T (tolerance at most 1e-13; squaring does not hurt the largest) and
+  /// the rank tolerance. False when Lanczos did not converge.
+  bool find_sigma_max(const JacobianProducts<double>& J, Index rows, Index cols) {
+    ProductsGram op(J);
+    LanczosOptions lo = jo.lanczos;
+    lo.tol = std::min(lo.tol, 1e-13);
+    const LanczosOutcome big = lanczos_largest(op, lo);
+    res.iterations += big.iterations;
+    res.residual = big.residual;
+    res.sigma_max = big.converged ? std::sqrt(std::max(0.0, big.lambda))
+                                  : std::numeric_limits<double>::quiet_NaN();
+    res.rank_tol = ko.resolved_rtol(rows, cols) * res.sigma_max;
+    return res.sigma_max > 0 && std::isfinite(res.sigma_max);
+  }
+
+  /// The decline when the Ritz value `sigma`, an upper bound on σ_min converged or not, is at or
+  /// below the rank tolerance: J is numerically singular.
+  std::optional<ConditionResult<double>> decline_if_rank_level(double sigma,
+                                                               const std::string& note) {
+    if (sigma > res.rank_tol) return std::nullopt;
+    return decline(Info::Singular, note + ": sigma_min <= " + std::to_string(sigma) +
+                                       " is not above the rank tolerance; the rank and "
+                                       "kappa_plus need method qr or dense");
+  }
+
+  /// The answer σ_min: κ = κ₊, full rank with its certificate.
+  ConditionResult<double> answer(double sigma_min, double accuracy, Index rows, Index cols,
+                                 const std::string& note) {
+    res.sigma_min = res.sigma_min_plus = sigma_min;
+    res.kappa = res.kappa_plus = res.sigma_max / sigma_min;
+    res.rank = std::min(rows, cols);
+    certify_rank(res, sigma_min, 0.0, ko.rank_margin);
+    res.accuracy = accuracy;
+    res.info = Info::Success;
+    res.note = note;
+    if (jo.progress) jo.progress(1.0);
+    return res;
+  }
+};
 
 /// Every κ(J) result is checked before it leaves the library (MATH.md §12): a success must have
 /// σ_max >= σ_min >= 0, finite, κ >= 1 (up to its stated accuracy), and a σ_max that is not

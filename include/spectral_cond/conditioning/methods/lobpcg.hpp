@@ -20,36 +20,12 @@ template <typename = void>
 inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const JacobianKappaOptions& jo,
                                                 Mat<double> L) {
   constexpr const char* fn = "kappa_jacobian_lobpcg";
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  ConditionResult<double> res;
-  res.method = "lobpcg";
-  auto no_answer = [&](Info info, const std::string& why) {
-    res.info = info;
-    res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
-    res.rank = -1;
-    res.note = why;
-    if (jo.progress) jo.progress(1.0);
-    return res;
-  };
-  if (!in.wide())
-    return no_answer(Info::Singular,
-                     "J is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in its null space "
-                     "(MATH.md 4), so kappa = +inf; the rank and kappa_plus need method qr");
+  LobpcgRun run("lobpcg", jo);
+  if (!in.wide()) return run.decline_tall();
   const Index m = in.rows;
-  {
-    GramOp<double> op(in.X, in.WQ, in.WK, in.WV, in.opts);
-    LanczosOptions lo = jo.lanczos;
-    lo.tol = std::min(lo.tol, 1e-13);
-    const LanczosOutcome big = lanczos_largest(op, lo);
-    res.iterations += big.iterations;
-    res.residual = big.residual;
-    res.sigma_max = big.converged ? std::sqrt(std::max(0.0, big.lambda))
-                                  : std::numeric_limits<double>::quiet_NaN();
-  }
-  KappaOptions<double> ko = kappa_opts(jo);
-  res.rank_tol = ko.resolved_rtol(in.rows, in.cols) * res.sigma_max;
-  if (!(res.sigma_max > 0) || !std::isfinite(res.sigma_max))
-    return no_answer(Info::NotConverging, "Lanczos for sigma_max did not converge");
+  const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
+  if (!run.find_sigma_max(J, in.rows, in.cols))
+    return run.decline(Info::NotConverging, "Lanczos for sigma_max did not converge");
   if (jo.progress) jo.progress(0.05);
   // The preconditioner: G~ = L L^T, the structured Gram matrix (gram.hpp). When rounding has made
   // G~ indefinite (ε κ^2 well above 1), G~ cannot tell the smallest singular directions apart
@@ -62,46 +38,33 @@ inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const Jacobi
     L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
     if (jo.progress) jo.progress(0.25);
     if (!cholesky_in_place(L))
-      return no_answer(Info::Singular, note.str() +
-                                           ": J J^T is not positive definite at working "
-                                           "precision (eps kappa^2 >~ 1, or J singular)");
+      return run.decline(Info::Singular, note.str() +
+                                             ": J J^T is not positive definite at working "
+                                             "precision (eps kappa^2 >~ 1, or J singular)");
   }
   if (jo.progress) jo.progress(0.55);
-  const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.55 + 0.45 * f); };
-  auto precondition = [&L](Mat<double>& B, double) {
+  auto precondition = [&L](Mat<double>& B) {
     lower_solve(L, B, false);
     lower_solve(L, B, true);
   };
-  const LobpcgOutcome lo = lobpcg_sigma_min(J, precondition, res.sigma_max, jo.lobpcg, inner);
-  res.iterations += lo.iterations;
-  res.residual = lo.rho;
+  const LobpcgOutcome lo = lobpcg_sigma_min(J, precondition, run.res.sigma_max, jo.lobpcg, inner);
+  run.res.iterations += lo.iterations;
+  run.res.residual = lo.rho;
   note << "; " << lo.iterations << " iterations, residual bound rho = " << lo.rho;
-  // A Ritz value bounds σ_min from above, converged or not: at or below the rank tolerance, J is
-  // numerically singular.
-  if (!(lo.sigma > res.rank_tol))
-    return no_answer(Info::Singular, note.str() + ": sigma_min <= " + std::to_string(lo.sigma) +
-                                         " is not above the rank tolerance; the rank and "
-                                         "kappa_plus need method qr or dense");
+  if (auto d = run.decline_if_rank_level(lo.sigma, note.str())) return *d;
   if (!lo.converged)
-    return no_answer(Info::NotConverging, note.str() + ": did not converge in " +
-                                              std::to_string(jo.lobpcg.max_iterations) +
-                                              " iterations (raise lobpcg.max_iterations or "
-                                              "lobpcg.block, or use method qr)");
-  res.sigma_min = lo.sigma;
-  res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
-  res.sigma_min_plus = res.sigma_min;
-  res.rank = std::min(in.rows, in.cols);
-  certify_rank(res, res.sigma_min, 0.0, ko.rank_margin);
+    return run.decline(Info::NotConverging, note.str() + ": did not converge in " +
+                                                std::to_string(jo.lobpcg.max_iterations) +
+                                                " iterations (raise lobpcg.max_iterations or "
+                                                "lobpcg.block, or use method qr)");
   // ε κ from the products with J; ρ / 2 from the iteration, times 1 + ε κ^2 for the distance of
   // the preconditioner from (J J^T)^{-1} (lobpcg_sigma_min).
-  const double eps_kappa = ScalarTraits<double>::eps() * res.kappa;
-  res.accuracy = eps_kappa + (1 + eps_kappa * res.kappa) * lo.rho / 2;
-  res.info = Info::Success;
-  res.note = note.str();
-  if (jo.progress) jo.progress(1.0);
-  return res;
+  const double kappa = run.res.sigma_max / lo.sigma;
+  const double eps_kappa = ScalarTraits<double>::eps() * kappa;
+  return run.answer(lo.sigma, eps_kappa + (1 + eps_kappa * kappa) * lo.rho / 2, in.rows, in.cols,
+                    note.str());
 }
 
 }  // namespace detail

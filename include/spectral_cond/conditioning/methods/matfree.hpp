@@ -68,35 +68,12 @@ template <typename = void>
 inline ConditionResult<double> matfree_condition(const KJInputs& in,
                                                  const JacobianKappaOptions& jo) {
   constexpr const char* fn = "kappa_jacobian_matfree";
-  const double nan = std::numeric_limits<double>::quiet_NaN();
   const double eps = ScalarTraits<double>::eps();
-  ConditionResult<double> res;
-  res.method = "matfree";
-  auto no_answer = [&](Info info, const std::string& why) {
-    res.info = info;
-    res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
-    res.rank = -1;
-    res.note = why;
-    if (jo.progress) jo.progress(1.0);
-    return res;
-  };
-  if (!in.wide())
-    return no_answer(Info::Singular,
-                     "J is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in its null space "
-                     "(MATH.md 4), so kappa = +inf; the rank and kappa_plus need method qr");
+  LobpcgRun run("matfree", jo);
+  if (!in.wide()) return run.decline_tall();
   const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
-  {
-    GramOp<double> op(in.X, in.WQ, in.WK, in.WV, in.opts);
-    LanczosOptions lo = jo.lanczos;
-    lo.tol = std::min(lo.tol, 1e-13);
-    const LanczosOutcome big = lanczos_largest(op, lo);
-    res.iterations += big.iterations;
-    res.sigma_max = big.converged ? std::sqrt(std::max(0.0, big.lambda)) : nan;
-  }
-  const KappaOptions<double> ko = kappa_opts(jo);
-  res.rank_tol = ko.resolved_rtol(in.rows, in.cols) * res.sigma_max;
-  if (!(res.sigma_max > 0) || !std::isfinite(res.sigma_max))
-    return no_answer(Info::NotConverging, "Lanczos for sigma_max did not converge");
+  if (!run.find_sigma_max(J, in.rows, in.cols))
+    return run.decline(Info::NotConverging, "Lanczos for sigma_max did not converge");
   if (jo.progress) jo.progress(0.05);
   // S = (P X)(P X)^T: J J^T >= J_V J_V^T = I ⊗ S (MATH.md §5, the bound without hypothesis).
   const Index N = in.X.rows();
@@ -109,36 +86,33 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
     Vec<double> mu;
     std::string why;
     if (symmetric_eigenvalues(S, true, mu, why).empty())
-      return no_answer(Info::NotConverging,
-                       "the eigenvalues of S = (P X)(P X)^T were not computed: " + why);
+      return run.decline(Info::NotConverging,
+                         "the eigenvalues of S = (P X)(P X)^T were not computed: " + why);
     // Clear of S's rounding, about N ε λ_max(S), σ_N(P X) bounds σ_min(J) from below.
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
     if (!M.build(jp, in.X, S, !jp.fwd.rope.active))
-      return no_answer(Info::Singular,
-                       "a channel block of J J^T is not positive definite at working precision");
+      return run.decline(Info::Singular,
+                         "a channel block of J J^T is not positive definite at working precision");
   }
   if (jo.progress) jo.progress(0.1);
-  auto precondition = [&M](Mat<double>& B, double) { M.apply(B); };
+  auto precondition = [&M](Mat<double>& B) { M.apply(B); };
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.1 + 0.9 * f); };
-  const LobpcgOutcome lo = lobpcg_sigma_min(J, precondition, res.sigma_max, jo.matfree, inner,
-                                            LobpcgStop::Residual, res.rank_tol);
-  res.iterations += lo.iterations;
+  const LobpcgOutcome lo = lobpcg_sigma_min(J, precondition, run.res.sigma_max, jo.matfree, inner,
+                                            LobpcgStop::Residual, run.res.rank_tol);
+  run.res.iterations += lo.iterations;
   std::ostringstream note;
   note << "matfree: block " << std::min(jo.matfree.block, in.rows) << ", preconditioned by the "
        << in.WV.cols() << " channel blocks of J J^T (" << N << " x " << N << " each); "
        << lo.iterations << " iterations";
-  if (!(lo.sigma > res.rank_tol))
-    return no_answer(Info::Singular, note.str() + ": sigma_min <= " + std::to_string(lo.sigma) +
-                                         " is not above the rank tolerance; the rank and "
-                                         "kappa_plus need method qr or dense");
+  if (auto d = run.decline_if_rank_level(lo.sigma, note.str())) return *d;
   if (!lo.converged)
-    return no_answer(Info::NotConverging,
-                     note.str() + ": did not converge in " +
-                         std::to_string(jo.matfree.max_iterations) +
-                         " iterations (residual bound " + std::to_string(lo.eta) +
-                         "; raise matfree.max_iterations or matfree.block, or use method qr)");
+    return run.decline(Info::NotConverging,
+                       note.str() + ": did not converge in " +
+                           std::to_string(jo.matfree.max_iterations) +
+                           " iterations (residual bound " + std::to_string(lo.eta) +
+                           "; raise matfree.max_iterations or matfree.block, or use method qr)");
   // The residual of the returned pair, recomputed from two fresh products: r = J J^T x - σ^2 x
   // with σ = ||J^T x||; some singular value is within η σ = ||r|| / σ of σ (lobpcg_sigma_min).
   Vec<double> y(in.cols), r(in.rows);
@@ -147,27 +121,18 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   J.apply(y.data(), r.data());
   r -= (sigma * sigma) * lo.x;
   const double eta = r.norm() / (sigma * sigma);
-  res.residual = eta;
+  run.res.residual = eta;
   note << ", residual bound eta = ||J J^T x - sigma^2 x|| / sigma^2 = " << eta;
   if (lower > 0) note << "; sigma_min >= sigma_N(PX) = " << lower << " (proven, MATH.md 5)";
   if (lower > sigma * (1 + eta + 64 * eps))
-    return no_answer(Info::Inaccurate,
-                     note.str() +
-                         ": the Ritz value is below the proven lower bound sigma_N(PX), "
-                         "so the iteration went wrong; use method qr");
+    return run.decline(Info::Inaccurate,
+                       note.str() +
+                           ": the Ritz value is below the proven lower bound sigma_N(PX), "
+                           "so the iteration went wrong; use method qr");
   if (!(eta < 0.5))
-    return no_answer(Info::NotConverging,
-                     note.str() + ": the recomputed residual bound leaves no correct digit");
-  res.sigma_min = sigma;
-  res.kappa = res.kappa_plus = res.sigma_max / res.sigma_min;
-  res.sigma_min_plus = res.sigma_min;
-  res.rank = std::min(in.rows, in.cols);
-  certify_rank(res, res.sigma_min, 0.0, ko.rank_margin);
-  res.accuracy = eps * res.kappa + eta;
-  res.info = Info::Success;
-  res.note = note.str();
-  if (jo.progress) jo.progress(1.0);
-  return res;
+    return run.decline(Info::NotConverging,
+                       note.str() + ": the recomputed residual bound leaves no correct digit");
+  return run.answer(sigma, eps * (run.res.sigma_max / sigma) + eta, in.rows, in.cols, note.str());
 }
 
 }  // namespace detail
