@@ -7,11 +7,13 @@
 
 #include "device.hpp"
 #include "index_selection.hpp"
+#include "parallel.hpp"
 
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/conditioning/kappa.hpp>
 #include <spectral_cond/io/attention_config.hpp>
+#include <spectral_cond/io/paths.hpp>
 #include "synthetic.hpp"
 
 #include <sys/stat.h>
@@ -23,9 +25,11 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -59,6 +63,12 @@ struct AnalysisOptions {
   std::string rope = "auto";         ///< --rope auto|none|rotate_half|interleaved
   std::optional<double> rope_theta;  ///< --rope-theta (none: the model's, else 10000)
   std::int64_t rope_dims = 0;        ///< --rope-dims (0: the model's, else all of d_k)
+  /// --jobs: threads over the heads of a layer for κ(J) (0: one per hardware thread). The
+  /// report is the serial one whatever the number.
+  unsigned jobs = 1;
+  /// --shard i/n: of the κ(J) work items (one per selected head of every self-attention layer,
+  /// numbered across the checkpoints in report order), only those with number % count == index.
+  std::uint64_t shard_index = 0, shard_count = 1;
 };
 
 /// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
@@ -118,9 +128,11 @@ struct LayerStats {
   MatrixStats q, k, v;
   std::vector<HeadStats> per_head;
   std::vector<JacobianStats> jacobian;
-  Index tokens = 0;       ///< N of this layer's X (0 without --jacobian)
-  std::string shared_by;  ///< a shared (ALBERT) layer: the layers it stands for
-  std::string note;       ///< what the analysis of this layer left out, and why
+  Index tokens = 0;                ///< N of this layer's X (0 without --jacobian)
+  std::string shared_by;           ///< a shared (ALBERT) layer: the layers it stands for
+  std::string note;                ///< what the analysis of this layer left out, and why
+  bool jacobian_analyzed = false;  ///< κ(J) was asked for this layer (some of its heads may be
+                                   ///< in other shards)
 };
 
 struct CheckpointReport {
@@ -275,8 +287,8 @@ using ProgressFn = std::function<void(double)>;
 inline io::HeadConfig head_config(const CheckpointReader& src, std::int64_t heads,
                                   std::int64_t kv_heads) {
   io::HeadConfig hc;
-  const std::string cfg = io::detail::join_path(src.directory(), "config.json");
-  if (io::detail::is_regular_file(cfg)) {
+  const std::string cfg = io::join_path(src.directory(), "config.json");
+  if (io::is_regular_file(cfg)) {
     hc = io::read_head_config(cfg);
   } else if (const io::GgufFile* g = src.gguf()) {  // <arch>.attention.head_count, ...
     const std::string arch = g->get_string("general.architecture").value_or("");
@@ -305,7 +317,7 @@ class LayerInputs {
     if (path.empty()) return;
     struct stat st {};
     const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-    if (dir || io::detail::ends_with(path, ".npz")) {
+    if (dir || io::has_suffix(path, ".npz")) {
       per_layer_ = std::make_unique<io::CheckpointReader>(path);
       const auto f = per_layer_->format();
       if (f != CheckpointFormat::Npz && f != CheckpointFormat::NpyDir)
@@ -370,8 +382,8 @@ inline io::RopeConfig rope_config(const CheckpointReader& src, io::Layout layout
     c.source = "--rope none";
     return c;
   }
-  const std::string cfg = io::detail::join_path(src.directory(), "config.json");
-  if (io::detail::is_regular_file(cfg))
+  const std::string cfg = io::join_path(src.directory(), "config.json");
+  if (io::is_regular_file(cfg))
     c = io::read_rope_config(cfg);
   else if (const io::GgufFile* g = src.gguf())
     c = io::rope_config_from_gguf(*g);
@@ -442,8 +454,14 @@ inline void read_layer_biases(const CheckpointReader& src, const io::AttentionLa
 
 /// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
 /// file and tensor for anything unusable.
+/// `item` numbers the κ(J) work items across checkpoints for --shard (see AnalysisOptions); it is
+/// advanced past this checkpoint's.
 inline CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
-                                           const ProgressFn& progress = {}) {
+                                           const ProgressFn& progress = {},
+                                           std::uint64_t* item = nullptr) {
+  std::uint64_t local_item = 0;
+  std::uint64_t& next_item = item ? *item : local_item;
+  auto mine = [&](std::uint64_t k) { return k % o.shard_count == o.shard_index; };
   CheckpointReader src = io::open_checkpoint(path);
   CheckpointReport rep;
   rep.path = path;
@@ -501,13 +519,15 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
   }
 
   double units = 0, done = 0;
-  for (std::size_t i = 0; i < todo.size(); ++i) {
+  for (std::size_t i = 0, k = next_item; i < todo.size(); ++i) {
     units += 1;
     if (o.jacobian && !todo[i]->cross)
       for (std::int64_t h = 0; h < lh[i].heads; ++h)
-        units += o.jacobian_heads.contains(h) ? (o.jacobian_corrections ? 4.0 : 1.0) : 0.0;
+        if (o.jacobian_heads.contains(h) && mine(k++)) units += o.jacobian_corrections ? 4.0 : 1.0;
   }
+  std::mutex tick_mutex;  // heads run on several threads with --jobs
   auto tick = [&](double n) {
+    std::lock_guard<std::mutex> lock(tick_mutex);
     done += n;
     if (progress) progress(units > 0 ? done / units : 1.0);
   };
@@ -588,6 +608,7 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
           "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
           (ls.note.empty() ? std::string() : "; " + ls.note);
     } else if (o.jacobian) {
+      ls.jacobian_analyzed = true;
       std::string x_from = "synthetic tokens";
       Mat<double> X;
       if (inputs.empty()) {
@@ -621,19 +642,21 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
       bo.jacobian.method = o.method;
       bo.jacobian.tol = o.tol;
       const Index group = H.heads / H.kv_heads;
+      // This shard's heads of the layer (all of them without --shard).
+      std::vector<Index> heads;
+      for (Index h = 0; h < H.heads; ++h)
+        if (o.jacobian_heads.contains(h) && mine(next_item++)) heads.push_back(h);
       // The exact correction of each whole projection (MATH.md §6), sliced per head below.
       HeadWeights exact_whole;
-      if (o.jacobian_corrections) {
+      if (o.jacobian_corrections && !heads.empty()) {
         exact_whole.q = exact_correction(WQ, o.target).W_corrected;
         exact_whole.k = exact_correction(WK, o.target).W_corrected;
         exact_whole.v = exact_correction(WV, o.target).W_corrected;
       }
       // Every selected head with its corrected variants: [original, fused, per-head, exact].
       const char* names[] = {"lambda_fused", "lambda_per_head", "exact"};
-      std::vector<Index> heads;
       std::vector<std::vector<HeadWeights>> variants;
-      for (Index h = 0; h < H.heads; ++h) {
-        if (!o.jacobian_heads.contains(h)) continue;
+      for (const Index h : heads) {
         const Index g = h / group;
         const Index cq = h * H.d_k, ck = g * H.d_k, cv = g * H.d_v;
         std::vector<HeadWeights> w;
@@ -649,7 +672,6 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
           w.push_back({exact_whole.q.middleCols(cq, H.d_k), exact_whole.k.middleCols(ck, H.d_k),
                        exact_whole.v.middleCols(cv, H.d_v)});
         }
-        heads.push_back(h);
         variants.push_back(std::move(w));
       }
       // --device cuda: κ(J) of every head and variant in one batch on the GPU; the other terms of
@@ -667,11 +689,19 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         dao.scale = ao.resolved_scale(H.d_k);
         device_J = device_kappa_jacobian(X, qs, kvs_k, kvs_v, dao, bo.jacobian);
       }
-      std::size_t next_device = 0;
-      auto run = [&](const HeadWeights& w, Index h, double& seconds) {
+      // Heads on --jobs threads: each writes only its own JacobianStats and reads shared inputs.
+      const unsigned threads = o.device == "cuda" ? 1u : resolved_jobs(o.jobs, heads.size());
+      if (threads > 1) {
+        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+        bo.jacobian.qr.threads = std::max(1u, hw / threads);
+      }
+      // Named once, before the threads start (a sharded checkpoint finds a tensor's file lazily).
+      const std::string where = src.file_of(L.q.tensor) + ": layer " + std::to_string(L.index);
+      // `slot`: the head's and variant's place in the device batch.
+      auto run = [&](const HeadWeights& w, Index h, std::size_t slot, double& seconds) {
         const auto t0 = std::chrono::steady_clock::now();
-        if (!device_J.empty()) bo.jacobian_result = &device_J[next_device];
-        ++next_device;
+        BoundOptions hbo = bo;
+        if (!device_J.empty()) hbo.jacobian_result = &device_J[slot];
         AttentionOptions<double> hao = ao;
         const LayerModel& lm = ls.model;
         const Index g = h / group;
@@ -680,10 +710,9 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         if (lm.bv.size() > 0) hao.bias_v = lm.bv.segment(g * H.d_v, H.d_v);
         hao.rope = lm.rope;
         require_finite_attention(X, w.q, w.k, w.v, hao,
-                                 src.file_of(L.q.tensor) + ": layer " + std::to_string(L.index) +
-                                     " head " + std::to_string(h) + " (tensor " +
+                                 where + " head " + std::to_string(h) + " (tensor " +
                                      io::detail::quote(L.q.tensor) + ")");
-        Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, hao, bo);
+        Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, hao, hbo);
         if (r.J.info == Info::InvalidInput)
           throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +
                                  std::to_string(h) + ": kappa(J) could not be computed (" +
@@ -691,13 +720,14 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return r;
       };
-      for (std::size_t i = 0; i < heads.size(); ++i) {
+      ls.jacobian.resize(heads.size());
+      parallel_for(heads.size(), threads, [&](std::size_t i) {
         const Index h = heads[i];
-        JacobianStats js;
+        JacobianStats& js = ls.jacobian[i];
         js.head = h;
         js.kv_head = h / group;
         const std::vector<HeadWeights>& w = variants[i];
-        js.report = run(w[0], h, js.seconds);
+        js.report = run(w[0], h, i * w.size(), js.seconds);
         tick(1);
         for (std::size_t v = 1; v < w.size(); ++v) {
           CorrectedJacobian cj;
@@ -710,18 +740,15 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
           if (same == 0) {
             cj.unchanged = true;
             cj.report = js.report;
-            ++next_device;
           } else if (same < v) {
             cj.report = js.corrected[same - 1].report;
-            ++next_device;
           } else {
-            cj.report = run(w[v], h, cj.seconds);
+            cj.report = run(w[v], h, i * w.size() + v, cj.seconds);
           }
           js.corrected.push_back(std::move(cj));
           tick(1);
         }
-        ls.jacobian.push_back(std::move(js));
-      }
+      });
     }
     rep.layers.push_back(std::move(ls));
   }

@@ -173,7 +173,10 @@ inline nlohmann::json shape_json(const MatrixStats& m, Index rows, Index cols) {
 
 }  // namespace detail_fmt
 
-inline nlohmann::json report_json(const CheckpointReport& rep) {
+/// One checkpoint's JSON object. `shard_form` (a --shard report): every layer whose κ(J) was
+/// asked has "jacobian" and its model fields even where all its heads are in other shards, so
+/// that shards merge field by field (merge.hpp).
+inline nlohmann::json report_json(const CheckpointReport& rep, bool shard_form = false) {
   using namespace detail_fmt;
   nlohmann::json layers = nlohmann::json::array();
   for (const LayerStats& L : rep.layers) {
@@ -202,7 +205,7 @@ inline nlohmann::json report_json(const CheckpointReport& rep) {
                       {"W_V", shape_json(h.v, D, L.heads.d_v)}});
       l["per_head"] = hs;
     }
-    if (!L.jacobian.empty()) {
+    if (!L.jacobian.empty() || (shard_form && L.jacobian_analyzed)) {
       model_json(L.model, L.heads.d_k, l);
       nlohmann::json js = nlohmann::json::array();
       for (const JacobianStats& j : L.jacobian) js.push_back(jacobian_json(j));
@@ -223,14 +226,22 @@ inline nlohmann::json report_json(const CheckpointReport& rep) {
           {"layers", layers}};
 }
 
-/// The whole JSON document for several checkpoints.
-inline std::string reports_json(const std::vector<CheckpointReport>& reps) {
-  nlohmann::json all = nlohmann::json::array();
-  for (const auto& r : reps) all.push_back(report_json(r));
-  const nlohmann::json doc = {{"tool", "spectral-cond analyze"},
-                              {"format_version", kAnalyzeFormatVersion},
-                              {"checkpoints", all}};
+/// The text of an analyze JSON document (also of merged shards: merge.hpp).
+inline std::string analyze_json_text(const nlohmann::json& doc) {
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+/// The whole JSON document for several checkpoints. With shard_count > 1 (--shard i/n) it
+/// carries "shard": {"index": i, "count": n} and the shard form of report_json.
+inline std::string reports_json(const std::vector<CheckpointReport>& reps,
+                                std::uint64_t shard_index = 0, std::uint64_t shard_count = 1) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& r : reps) all.push_back(report_json(r, shard_count > 1));
+  nlohmann::json doc = {{"tool", "spectral-cond analyze"},
+                        {"format_version", kAnalyzeFormatVersion},
+                        {"checkpoints", all}};
+  if (shard_count > 1) doc["shard"] = {{"index", shard_index}, {"count", shard_count}};
+  return analyze_json_text(doc);
 }
 
 namespace detail_fmt {

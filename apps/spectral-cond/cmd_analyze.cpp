@@ -8,18 +8,27 @@
 //         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
 //         [--jacobian-heads 0,1] [--no-biases] [--rope auto|none|rotate_half|interleaved]
 //         [--rope-theta T] [--rope-dims R]]
+//        [--jobs N] [--shard I/N]
 //        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
+//
+// --jobs runs the heads of a layer on N threads; --shard I/N computes only every N-th κ(J) work
+// item (one per head) from the I-th, for a JSON report that `spectral-cond merge` unites with the
+// others into the unsharded one (merge.hpp); spectral-cond-mpi does both over MPI ranks.
 #include "analysis_cli.hpp"
 #include "analysis_format.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "progress.hpp"
+#include "run.hpp"
 
 #include <spectral_cond/io/atomic_file.hpp>
+#include <spectral_cond/io/paths.hpp>
 
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -32,12 +41,39 @@ struct AnalyzeArgs {
   std::string method = "auto", mask = "none", jacobian_heads;
   double target = 0;
   double scale = 0;
-  std::string format = "table", out, device = "cpu";
+  std::string format = "table", out, device = "cpu", shard;
   bool quiet = false;
 };
 
-void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set) {
+/// Parses --shard I/N (0 <= I < N) into the options.
+void parse_shard(const std::string& s, AnalysisOptions& o) {
+  const auto slash = s.find('/');
+  auto digits = [](const std::string& t) {
+    return !t.empty() && t.size() <= 9 && t.find_first_not_of("0123456789") == std::string::npos;
+  };
+  const std::string i = slash == std::string::npos ? s : s.substr(0, slash);
+  const std::string n = slash == std::string::npos ? std::string() : s.substr(slash + 1);
+  if (!digits(i) || !digits(n) || std::stoull(n) < 1 || std::stoull(i) >= std::stoull(n))
+    throw BadInput("--shard must be I/N with 0 <= I < N, e.g. 0/4 (got '" + s + "')");
+  o.shard_index = std::stoull(i);
+  o.shard_count = std::stoull(n);
+}
+
+void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeDistribution* dist) {
   AnalysisOptions& o = a.opts;
+  if (!a.shard.empty()) {
+    if (dist) throw BadInput("--shard: spectral-cond-mpi gives each rank its shard; leave it out");
+    parse_shard(a.shard, o);
+  }
+  if (dist) {
+    o.shard_index = dist->rank;
+    o.shard_count = dist->size;
+    if (dist->rank != 0) a.quiet = true;  // one progress bar, rank 0's
+  }
+  if (o.shard_count > 1 && a.format != "json")
+    throw BadInput(dist ? "spectral-cond-mpi over several ranks writes --format json only"
+                        : "--shard needs --format json (the shards' reports are united by "
+                          "`spectral-cond merge`)");
   if (!(std::isfinite(o.lambda) && o.lambda >= 0))
     throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(o.lambda) + ")");
   if (target_set) {
@@ -62,20 +98,40 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set) {
   if (!a.out.empty()) {
     std::vector<std::string> inputs = a.checkpoints;
     for (const std::string& c : a.checkpoints)
-      inputs.push_back(io::detail::join_path(
-          io::detail::is_directory(c) ? c : io::detail::dir_of(c), "config.json"));
+      inputs.push_back(
+          io::join_path(io::is_directory(c) ? c : io::parent_directory(c), "config.json"));
     if (!o.inputs.empty()) inputs.push_back(o.inputs);
     io::check_output_target(a.out, inputs);
   }
-  std::vector<CheckpointReport> reps;
-  for (std::size_t i = 0; i < a.checkpoints.size(); ++i) {
-    Progress bar("analyze " + a.checkpoints[i], !a.quiet);
-    reps.push_back(analyze_checkpoint(a.checkpoints[i], o, [&](double f) { bar.update(f); }));
-    bar.done();
+  auto compute = [&] {
+    std::vector<CheckpointReport> reps;
+    std::uint64_t item = 0;  // κ(J) work items, numbered across the checkpoints
+    for (std::size_t i = 0; i < a.checkpoints.size(); ++i) {
+      Progress bar("analyze " + a.checkpoints[i], !a.quiet);
+      reps.push_back(analyze_checkpoint(
+          a.checkpoints[i], o, [&](double f) { bar.update(f); }, &item));
+      bar.done();
+    }
+    return a.format == "json"  ? reports_json(reps, o.shard_index, o.shard_count)
+           : a.format == "csv" ? reports_csv(reps)
+                               : reports_table(reps);
+  };
+  std::string text;
+  if (dist) {
+    // Every rank reaches gather, with its report or with its error, so none waits forever.
+    std::string mine;
+    int code = kSuccess;
+    try {
+      mine = compute();
+    } catch (...) {
+      std::tie(code, mine) = exit_status(std::current_exception());
+    }
+    const std::optional<std::string> merged = dist->gather(mine, code);
+    if (!merged) return;  // not the rank that writes
+    text = *merged;
+  } else {
+    text = compute();
   }
-  const std::string text = a.format == "json"  ? reports_json(reps)
-                           : a.format == "csv" ? reports_csv(reps)
-                                               : reports_table(reps);
   if (a.out.empty()) {
     std::cout << text << std::flush;
   } else {
@@ -86,7 +142,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set) {
 
 }  // namespace
 
-void register_analyze(CLI::App& app) {
+void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
   auto a = std::make_shared<AnalyzeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "analyze", "kappa of W_Q, W_K, W_V in checkpoints, before and after the corrections");
@@ -110,17 +166,24 @@ void register_analyze(CLI::App& app) {
       ->check(CLI::IsMember({"table", "json", "csv"}));
   cmd->add_option("--out", a->out, "write the report to FILE (atomically) instead of stdout");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->add_option("--jobs", a->opts.jobs,
+                  "threads for --jacobian, one head each (default 1; 0: one per core); the "
+                  "report is the same for any number")
+      ->check(CLI::Range(0u, 4096u));
+  cmd->add_option("--shard", a->shard,
+                  "I/N: only every N-th kappa(J) work item from the I-th, as a JSON report "
+                  "for `spectral-cond merge`");
   cmd->add_option("--device", a->device, "cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->callback([a, cmd] {
+  cmd->callback([a, cmd, dist] {
     // Options that act only on the Jacobian analysis are refused without it, not ignored.
     if (!a->opts.jacobian)
       for (const char* opt :
            {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask", "--scale", "--method",
-            "--tol", "--blocks", "--device", "--no-jacobian-corrections", "--no-biases", "--rope",
-            "--rope-theta", "--rope-dims"})
+            "--jobs", "--shard", "--tol", "--blocks", "--device", "--no-jacobian-corrections",
+            "--no-biases", "--rope", "--rope-theta", "--rope-dims"})
         if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
-    run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0);
+    run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0, dist);
   });
 }
 

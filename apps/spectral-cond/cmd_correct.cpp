@@ -21,6 +21,7 @@
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>
+#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 
 #include <sys/stat.h>
@@ -107,12 +108,12 @@ void run_correct(const CorrectArgs& a, bool target_set) {
                    ": correct does not rewrite GGUF files (their quantized "
                    "tensors have no safetensors dtype); analyze reads them");
   std::vector<std::string> inputs = input_files(src);
-  inputs.push_back(io::detail::join_path(src.directory(), "config.json"));
+  inputs.push_back(io::join_path(src.directory(), "config.json"));
   for (const std::string& f : inputs)
     if (f == a.out || same_file(f, a.out))
       throw BadInput(a.out + ": refusing to overwrite the input checkpoint (" + f + ")");
   io::check_output_target(a.out, inputs);  // and never a link, a device or a directory
-  if (!io::detail::ends_with(a.out, ".safetensors"))
+  if (!io::has_suffix(a.out, ".safetensors"))
     throw BadInput(
         "--out: correct writes a safetensors file, so its name must end in "
         ".safetensors (got " +
@@ -213,10 +214,10 @@ void run_correct(const CorrectArgs& a, bool target_set) {
   // The model's config.json beside the output, so that the new file loads as the old one did;
   // one already there is never replaced.
   std::string config_note;
-  const std::string src_cfg = io::detail::join_path(src.directory(), "config.json");
-  const std::string out_dir = io::detail::dir_of(a.out);
-  const std::string out_cfg = io::detail::join_path(out_dir.empty() ? "." : out_dir, "config.json");
-  if (io::detail::is_regular_file(src_cfg) && !same_file(src_cfg, out_cfg)) {
+  const std::string src_cfg = io::join_path(src.directory(), "config.json");
+  const std::string out_dir = io::parent_directory(a.out);
+  const std::string out_cfg = io::join_path(out_dir.empty() ? "." : out_dir, "config.json");
+  if (io::is_regular_file(src_cfg) && !same_file(src_cfg, out_cfg)) {
     struct stat st {};
     if (::lstat(out_cfg.c_str(), &st) != 0) {
       const io::MappedFile cfg(src_cfg);

@@ -19,6 +19,7 @@
 #include "commands.hpp"
 #include "progress.hpp"
 
+#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 #include "synthetic.hpp"
 
@@ -100,12 +101,12 @@ std::string write_model(const std::string& dir, std::uint64_t seed) {
     add(p + "mlp.fc1.weight", gaussian(kMlp, kD, 0.02, seed, tag + 52), false);
     add(p + "norm1.weight", Mat<double>::Ones(kD, 1), true);
   }
-  const std::string path = io::detail::join_path(dir, "model.safetensors");
+  const std::string path = io::join_path(dir, "model.safetensors");
   io::write_safetensors(path, ts, {{"format", "pt"}, {"source", "spectral-cond demo"}});
   const std::string cfg = "{\"model_type\": \"vit\", \"hidden_size\": " + std::to_string(kD) +
                           ", \"num_attention_heads\": " + std::to_string(kHeads) +
                           ", \"num_hidden_layers\": " + std::to_string(kLayers) + "}\n";
-  io::atomic_write_bytes(io::detail::join_path(dir, "config.json"), cfg.data(), cfg.size());
+  io::atomic_write_bytes(io::join_path(dir, "config.json"), cfg.data(), cfg.size());
   return path;
 }
 
@@ -123,7 +124,7 @@ struct TempDir {
   ~TempDir() {
     if (keep) return;
     for (const char* f : {"model.safetensors", "config.json"})
-      ::unlink(io::detail::join_path(path, f).c_str());
+      ::unlink(io::join_path(path, f).c_str());
     ::rmdir(path.c_str());
   }
 };
@@ -160,14 +161,14 @@ void run_demo(const DemoArgs& a) {
       throw BadInput(a.keep + ": --keep needs a directory, and this is " +
                      io::detail::file_kind(st.st_mode));
     for (const char* f : {"model.safetensors", "config.json"}) {
-      const std::string p = io::detail::join_path(a.keep, f);
+      const std::string p = io::join_path(a.keep, f);
       if (::lstat(p.c_str(), &st) == 0)
         throw BadInput(p + ": --keep would overwrite it; choose an empty or new directory");
     }
     dir.keep = true;
     ::rmdir(dir.path.c_str());
     dir.path = a.keep;
-    if (!io::detail::is_directory(dir.path) && ::mkdir(dir.path.c_str(), 0777) != 0)
+    if (!io::is_directory(dir.path) && ::mkdir(dir.path.c_str(), 0777) != 0)
       throw BadInput(a.keep + ": cannot create the directory");
   }
   Progress bar("demo: writing the model", !a.quiet);

@@ -6,6 +6,9 @@
 
 #include <spectral_cond/io/layouts.hpp>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,9 +62,22 @@ inline constexpr long long kMaxTokens = 1 << 16;
 
 /// `spectral-cond jacobian`: J (or one block, or J J^T) of single-head attention to a .npy file.
 void register_jacobian(CLI::App& app);
-void register_kappa(CLI::App& app);    ///< `kappa`: kappa of a matrix or of J, with Theorem 3.4
-void register_verify(CLI::App& app);   ///< `verify`: the paper's statements on random instances
-void register_analyze(CLI::App& app);  ///< `analyze`: kappa of W_Q/W_K/W_V in checkpoints
+void register_kappa(CLI::App& app);   ///< `kappa`: kappa of a matrix or of J, with Theorem 3.4
+void register_verify(CLI::App& app);  ///< `verify`: the paper's statements on random instances
+/// How a multi-process driver (apps/spectral-cond-mpi) runs `analyze`: this process's rank among
+/// `size`, each computing shard rank/size, and `gather`, which every process calls exactly once
+/// with its shard's JSON report (code 0) or its error's message and exit code. It returns the
+/// merged report's text on the process that writes it and nothing on the others, and throws
+/// Error on every process when any of them failed.
+struct AnalyzeDistribution {
+  std::uint64_t rank = 0, size = 1;
+  std::function<std::optional<std::string>(const std::string& text, int code)> gather;
+};
+
+/// `analyze`: kappa of W_Q/W_K/W_V in checkpoints; `dist` when run by spectral-cond-mpi.
+void register_analyze(CLI::App& app, const AnalyzeDistribution* dist = nullptr);
+/// `merge`: one analyze report from the JSON reports of its shards (merge.hpp).
+void register_merge(CLI::App& app);
 void register_correct(CLI::App& app);  ///< `correct`: fold a spectral correction into a checkpoint
 void register_demo(CLI::App& app);     ///< `demo`: analyse a built-in ViT-Tiny-shaped model
 

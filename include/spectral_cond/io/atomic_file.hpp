@@ -11,6 +11,7 @@
 
 #include "spectral_cond/io/error.hpp"
 #include "spectral_cond/io/files.hpp"
+#include "spectral_cond/io/paths.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -33,14 +34,6 @@ namespace detail {
 
 inline std::string errno_str(int err) {
   return std::strerror(err);
-}
-
-/// Directory part of `path` ("." when it has none), for the temporary file and the dir fsync.
-inline std::string dir_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 /// Permissions for a new file: those of the existing target, else 0666 minus the umask (read
@@ -92,8 +85,8 @@ class TempFile {
       }
     }
     if (fd < 0)
-      throw IoError(target + ": cannot create a temporary file in " + dir_of(target) + ": " +
-                    errno_str(err));
+      throw IoError(target + ": cannot create a temporary file in " + parent_directory(target) +
+                    ": " + errno_str(err));
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {
       const int e = errno;
@@ -126,7 +119,7 @@ class TempFile {
     if (std::rename(path_.c_str(), target_.c_str()) != 0) fail("cannot rename the temporary file");
     committed_ = true;
     // Make the rename itself durable; a failure here cannot undo it, so it is not an error.
-    const int dfd = ::open(dir_of(target_).c_str(), O_RDONLY | O_DIRECTORY);
+    const int dfd = ::open(parent_directory(target_).c_str(), O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
       ::fsync(dfd);
       ::close(dfd);

@@ -27,6 +27,7 @@
 #include <spectral_cond/io/layouts.hpp>
 #include <spectral_cond/io/npy.hpp>
 #include <spectral_cond/io/npz.hpp>
+#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/pytorch.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 
@@ -124,18 +125,18 @@ inline CheckpointFormat sniff_format(const std::string& path) {
   const std::uint8_t* p = f.data();
   const std::size_t n = f.size();
   if (n >= 9 && p[8] == '{') return CheckpointFormat::Safetensors;
-  if (ends_with(path, ".json") && n >= 1 && p[0] == '{') return CheckpointFormat::Safetensors;
+  if (has_suffix(path, ".json") && n >= 1 && p[0] == '{') return CheckpointFormat::Safetensors;
   if (n >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5) return CheckpointFormat::Pytorch;
   if (n >= 4 && std::memcmp(p, "GGUF", 4) == 0) return CheckpointFormat::Gguf;
   if (n >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0) {
-    if (ends_with(path, ".npz")) return CheckpointFormat::Npz;
+    if (has_suffix(path, ".npz")) return CheckpointFormat::Npz;
     const std::vector<NpzMember> ms = ZipReader(p, n, path, "zip", false).members();
     bool all_npy = true;
     for (const NpzMember& m : ms) {
       const std::size_t slash = m.name.find('/');
       if (slash != std::string::npos && m.name.compare(slash, std::string::npos, "/data.pkl") == 0)
         return CheckpointFormat::Pytorch;
-      all_npy = all_npy && ends_with(m.name, ".npy");
+      all_npy = all_npy && has_suffix(m.name, ".npy");
     }
     if (all_npy) return CheckpointFormat::Npz;
   }
@@ -159,7 +160,7 @@ class CheckpointReader {
     const CheckpointFormat f = detail::sniff_format(path);
     // An index names its shards: a PyTorch one (pytorch_model.bin.index.json) is read here, a
     // safetensors one by io::Checkpoint.
-    if (f == CheckpointFormat::Safetensors && detail::ends_with(path, ".bin.index.json"))
+    if (f == CheckpointFormat::Safetensors && has_suffix(path, ".bin.index.json"))
       open_pytorch_index(path);
     else
       open_file(path, f);
@@ -171,11 +172,11 @@ class CheckpointReader {
   /// The directory a config.json is looked for in.
   std::string directory() const {
     if (kind_ == CheckpointFormat::NpyDir) return path_;
-    if (kind_ == CheckpointFormat::Safetensors) return detail::dir_of(ckpt_->path());
+    if (kind_ == CheckpointFormat::Safetensors) return parent_directory(ckpt_->path());
     if (kind_ == CheckpointFormat::Pytorch)
-      return detail::dir_of(pt_ ? pt_->path() : pt_index_path_);
-    if (kind_ == CheckpointFormat::Gguf) return detail::dir_of(gguf_->path());
-    return detail::dir_of(path_);
+      return parent_directory(pt_ ? pt_->path() : pt_index_path_);
+    if (kind_ == CheckpointFormat::Gguf) return parent_directory(gguf_->path());
+    return parent_directory(path_);
   }
   /// The safetensors checkpoint, or nullptr for other sources.
   const Checkpoint* checkpoint() const { return ckpt_.get(); }
@@ -329,7 +330,7 @@ class CheckpointReader {
     bool found = false;
     if (DIR* d = ::opendir(dir.c_str())) {
       while (const dirent* e = ::readdir(d))
-        if (detail::ends_with(e->d_name, ".npy")) found = true;
+        if (has_suffix(e->d_name, ".npy")) found = true;
       ::closedir(d);
     }
     return found;
@@ -374,7 +375,7 @@ class CheckpointReader {
       while (const dirent* e = ::readdir(d)) {
         const std::string n = e->d_name;
         for (const char* s : suffixes)
-          if (detail::ends_with(n, s) && n.size() > std::strlen(s)) {
+          if (has_suffix(n, s) && n.size() > std::strlen(s)) {
             out.push_back(n);
             break;
           }
@@ -390,14 +391,13 @@ class CheckpointReader {
     const std::vector<std::string> st =
         files_with(dir, {".safetensors", ".safetensors.index.json"});
     if (!st.empty()) return open_file(dir, CheckpointFormat::Safetensors);
-    const std::string bin = detail::join_path(dir, "pytorch_model.bin");
-    if (detail::is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
-    if (detail::is_regular_file(bin + ".index.json"))
-      return open_pytorch_index(bin + ".index.json");
+    const std::string bin = join_path(dir, "pytorch_model.bin");
+    if (is_regular_file(bin)) return open_file(bin, detail::sniff_format(bin));
+    if (is_regular_file(bin + ".index.json")) return open_pytorch_index(bin + ".index.json");
     for (const auto& group : {files_with(dir, {".bin", ".pt", ".pth"}), files_with(dir, {".gguf"}),
                               files_with(dir, {".npz"})}) {
       if (group.size() == 1) {
-        const std::string f = detail::join_path(dir, group[0]);
+        const std::string f = join_path(dir, group[0]);
         return open_file(f, detail::sniff_format(f));
       }
       if (group.size() > 1)
@@ -440,13 +440,13 @@ class CheckpointReader {
     if (DIR* d = ::opendir(dir.c_str())) {
       while (const dirent* e = ::readdir(d)) {
         const std::string n = e->d_name;
-        if (detail::ends_with(n, ".npy") && n.size() > 4) files.push_back(n);
+        if (has_suffix(n, ".npy") && n.size() > 4) files.push_back(n);
       }
       ::closedir(d);
     }
     std::sort(files.begin(), files.end());
     for (const std::string& f : files) {
-      const std::string p = detail::join_path(dir, f);
+      const std::string p = join_path(dir, f);
       const MappedFile m(p);
       const detail::NpyHeader h = detail::npy_header(m.data(), m.size(), p);
       const std::string name = f.substr(0, f.size() - 4);

@@ -2,6 +2,7 @@
 // checkpoint (model.safetensors.index.json). Included by safetensors.hpp; do not include directly.
 #pragma once
 
+#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/safetensors.hpp>
 
 #include <dirent.h>
@@ -17,22 +18,6 @@
 namespace spectral_cond {
 namespace io {
 namespace detail {
-
-inline bool is_regular_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-inline bool is_directory(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-inline bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-inline std::string join_path(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
-}
 
 /// A shard name from an index: relative, no "..", no empty name.
 inline bool safe_relative_name(const std::string& s) {
@@ -63,7 +48,7 @@ inline ShardIndex read_shard_index(const std::string& p) {
   const nlohmann::json j = parse_json_strict(b, b + f.size(), p + ": index");
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw IoError(p + ": index: no \"weight_map\" object");
-  const std::string dir = dir_of(p);
+  const std::string dir = parent_directory(p);
   std::map<std::string, std::string> wm;          // tensor -> shard name
   std::map<std::string, std::string> first_user;  // shard name -> a tensor naming it
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -126,8 +111,8 @@ class Checkpoint {
  public:
   explicit Checkpoint(const std::string& path) : mutex_(std::make_unique<std::mutex>()) {
     std::string p = path;
-    if (detail::is_directory(p)) p = pick_in_directory(p);
-    if (detail::ends_with(p, ".json")) {
+    if (is_directory(p)) p = pick_in_directory(p);
+    if (has_suffix(p, ".json")) {
       open_index(p);
     } else {
       path_ = p;
@@ -185,25 +170,25 @@ class Checkpoint {
  private:
   static std::string pick_in_directory(const std::string& dir) {
     for (const char* f : {"model.safetensors.index.json", "model.safetensors"}) {
-      const std::string c = detail::join_path(dir, f);
-      if (detail::is_regular_file(c)) return c;
+      const std::string c = join_path(dir, f);
+      if (is_regular_file(c)) return c;
     }
     // Otherwise exactly one *.safetensors.index.json, or else exactly one *.safetensors.
     std::vector<std::string> indexes, files, unsupported;
     if (DIR* d = ::opendir(dir.c_str())) {
       while (const dirent* e = ::readdir(d)) {
         const std::string n = e->d_name;
-        if (detail::ends_with(n, ".safetensors.index.json")) indexes.push_back(n);
-        if (detail::ends_with(n, ".safetensors")) files.push_back(n);
+        if (has_suffix(n, ".safetensors.index.json")) indexes.push_back(n);
+        if (has_suffix(n, ".safetensors")) files.push_back(n);
         if (detail::unsupported_format_of_name(n) != nullptr) unsupported.push_back(n);
       }
       ::closedir(d);
     }
-    if (indexes.size() == 1) return detail::join_path(dir, indexes[0]);
-    if (indexes.empty() && files.size() == 1) return detail::join_path(dir, files[0]);
+    if (indexes.size() == 1) return join_path(dir, indexes[0]);
+    if (indexes.empty() && files.size() == 1) return join_path(dir, files[0]);
     if (indexes.empty() && files.empty() && !unsupported.empty()) {
       std::sort(unsupported.begin(), unsupported.end());
-      const std::string f = detail::join_path(dir, unsupported[0]);
+      const std::string f = join_path(dir, unsupported[0]);
       throw IoError(detail::unsupported_message(f, detail::unsupported_format_of_name(f)) +
                     " (the directory holds no .safetensors file)");
     }
