@@ -63,9 +63,9 @@ struct AnalysisOptions {
   std::string rope = "auto";         ///< --rope auto|none|rotate_half|interleaved
   std::optional<double> rope_theta;  ///< --rope-theta (none: the model's, else 10000)
   std::int64_t rope_dims = 0;        ///< --rope-dims (0: the model's, else all of d_k)
-  /// --jobs: threads over the heads of a layer for κ(J) (0: one per hardware thread). The
-  /// report is the serial one whatever the number.
-  unsigned jobs = 1;
+  /// --jobs: threads over the three projections of a layer and over its heads for κ(J) (0, the
+  /// default: one per hardware thread). The report is the serial one whatever the number.
+  unsigned jobs = 0;
   /// --shard i/n: of the κ(J) work items (one per selected head of every self-attention layer,
   /// numbered across the checkpoints in report order), only those with number % count == index.
   std::uint64_t shard_index = 0, shard_count = 1;
@@ -559,19 +559,30 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
     const Mat<double> WQ = proj(L.q), WK = proj(L.k), WV = proj(L.v);
     tensors.clear();
     const Index D = L.D;
-    auto whole = [&](const std::string& role, const io::ProjectionSlot& s, const Mat<double>& W,
-                     Index nh, Index d) {
-      const auto& Ef = addends.get({D, W.cols(), 0, 0, 0, 0},
-                                   [&] { return Mat<double>::Identity(D, W.cols()); });
-      const auto& Ep = addends.get({D, W.cols(), nh, d, 0, 1}, [&] {
+    // The three projections' statistics on --jobs threads: the addends are taken from the cache
+    // (not thread-safe) first, then each task writes only its own MatrixStats.
+    std::vector<std::function<void()>> stats;
+    auto whole = [&](const char* role, const io::ProjectionSlot& s, const Mat<double>& W, Index nh,
+                     Index d, MatrixStats& out) {
+      const detail_an::Addend& Ef = addends.get({D, W.cols(), 0, 0, 0, 0},
+                                                [&] { return Mat<double>::Identity(D, W.cols()); });
+      const detail_an::Addend& Ep = addends.get({D, W.cols(), nh, d, 0, 1}, [&] {
         return lambda_identity<double>(D, nh, d, Placement::PerHead);
       });
-      return matrix_stats(role, s.tensor, src.dtype(s.tensor), W, Ef, Ep, nh == 1, o.lambda,
-                          o.target);
+      const io::Dtype dt = src.dtype(s.tensor);
+      const detail_an::Addend *ef = &Ef, *ep = &Ep;
+      const std::string* tensor = &s.tensor;
+      const Mat<double>* w = &W;
+      MatrixStats* res = &out;
+      stats.push_back([&o, role, dt, nh, ef, ep, tensor, w, res] {
+        *res = matrix_stats(role, *tensor, dt, *w, *ef, *ep, nh == 1, o.lambda, o.target);
+      });
     };
-    ls.q = whole("W_Q", L.q, WQ, H.heads, H.d_k);
-    ls.k = whole("W_K", L.k, WK, H.kv_heads, H.d_k);
-    ls.v = whole("W_V", L.v, WV, H.kv_heads, H.d_v);
+    whole("W_Q", L.q, WQ, H.heads, H.d_k, ls.q);
+    whole("W_K", L.k, WK, H.kv_heads, H.d_k, ls.k);
+    whole("W_V", L.v, WV, H.kv_heads, H.d_v, ls.v);
+    parallel_for(stats.size(), resolved_jobs(o.jobs, stats.size()),
+                 [&](std::size_t i) { stats[i](); });
 
     if (o.per_head) {
       auto head_block = [&](const std::string& role, const io::ProjectionSlot& s,

@@ -167,7 +167,7 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
   cmd->add_option("--out", a->out, "write the report to FILE (atomically) instead of stdout");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_option("--jobs", a->opts.jobs,
-                  "threads for --jacobian, one head each (default 1; 0: one per core); the "
+                  "threads, one projection or head each (default 0: one per core); the "
                   "report is the same for any number")
       ->check(CLI::Range(0u, 4096u));
   cmd->add_option("--shard", a->shard,
@@ -180,8 +180,8 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
     if (!a->opts.jacobian)
       for (const char* opt :
            {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask", "--scale", "--method",
-            "--jobs", "--shard", "--tol", "--blocks", "--device", "--no-jacobian-corrections",
-            "--no-biases", "--rope", "--rope-theta", "--rope-dims"})
+            "--shard", "--tol", "--blocks", "--device", "--no-jacobian-corrections", "--no-biases",
+            "--rope", "--rope-theta", "--rope-dims"})
         if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
     run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0, dist);
   });

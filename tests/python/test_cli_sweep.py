@@ -113,6 +113,15 @@ class Sweep(unittest.TestCase):
             with self.subTest(jobs=jobs):
                 self.assert_same_report(self.analyze("--jobs", jobs))
         self.assertEqual(self.analyze("--jobs", 2, fmt="csv"), self.analyze("--jobs", 1, fmt="csv"))
+        # Without --jacobian, the three projections of a layer run on the threads.
+        for jobs in (2, 0):
+            with self.subTest(weights_only=jobs):
+                a = run("analyze", self.model, "--heads", HEADS, "--per-head", "--format", "csv",
+                        "--jobs", jobs)
+                b = run("analyze", self.model, "--heads", HEADS, "--per-head", "--format", "csv",
+                        "--jobs", 1)
+                self.assertEqual((a.returncode, b.returncode), (0, 0), a.stderr + b.stderr)
+                self.assertEqual(a.stdout, b.stdout)
 
     def test_the_blas_thread_count_does_not_change_the_report(self):
         # OpenBLAS's SVD rounds differently on 1 and 2 threads; the tool pins it to one
