@@ -11,9 +11,10 @@
 //        [--jobs N] [--shard I/N]
 //        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
 //
-// --jobs runs the heads of a layer on N threads; --shard I/N computes only every N-th κ(J) work
-// item (one per head) from the I-th, for a JSON report that `spectral-cond merge` unites with the
-// others into the unsharded one (merge.hpp); spectral-cond-mpi does both over MPI ranks.
+// --jobs runs a layer's three projections, then its heads, on N threads; --shard I/N computes
+// only every N-th κ(J) work item (one per head) from the I-th, for a JSON report that
+// `spectral-cond merge` unites with the others into the unsharded one (merge.hpp);
+// spectral-cond-mpi does both over MPI ranks.
 #include "analysis_cli.hpp"
 #include "analysis_format.hpp"
 #include "cli.hpp"

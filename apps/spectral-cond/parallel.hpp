@@ -1,5 +1,5 @@
 // spectral-cond: independent work items on several threads, with the serial run's results and
-// errors. `analyze --jacobian --jobs N` runs the heads of a layer this way.
+// errors. `analyze --jobs N` runs a layer's projections and its heads this way.
 #pragma once
 
 #include <algorithm>
