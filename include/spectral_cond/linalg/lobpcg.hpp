@@ -41,12 +41,25 @@ enum class LobpcgStop {
   Residual,
 };
 
+/// How the Rayleigh-Ritz step gets J^T S for the orthonormal basis S of [X, W, P].
+enum class LobpcgProducts {
+  /// 3 b fresh products J^T S every iteration.
+  Fresh,
+  /// J^T X and J^T P carried along from the previous step and b fresh products J^T W, then
+  /// J^T S = (J^T [X, W, P]) T^{-1} for the triangular factor T of [X, W, P] = S T: a third of
+  /// the products. Rounding in J^T S grows with κ(T), so a step whose T has κ(T) > 1000, and
+  /// every 8th step, takes fresh products. For callers that check the answer by fresh products
+  /// (the matfree method), since the carried products may drift by a few ε κ(T) ||J||.
+  Tracked,
+};
+
 struct LobpcgOutcome {
   double sigma = std::numeric_limits<double>::quiet_NaN();  ///< smallest Ritz value of J^T
   double rho = std::numeric_limits<double>::infinity();     ///< ||M^{-1} r|| (see below)
   double eta = std::numeric_limits<double>::infinity();     ///< ||r|| / σ^2 (see below)
   Vec<double> x;                                            ///< its unit Ritz vector
   Index iterations = 0;
+  Index fresh_steps = 0;  ///< Rayleigh-Ritz steps that took 3 b fresh products
   bool converged = false;
 };
 
@@ -79,19 +92,24 @@ struct LobpcgOutcome {
 template <typename Products, typename Precondition>
 LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, double sigma_max,
                                const LobpcgOptions& lo, const std::function<void(double)>& progress,
-                               LobpcgStop stop = LobpcgStop::Preconditioned,
-                               double stop_below = 0) {
+                               LobpcgStop stop = LobpcgStop::Preconditioned, double stop_below = 0,
+                               LobpcgProducts products = LobpcgProducts::Fresh) {
   const Index m = J.rows(), n = J.cols(), b = std::min(lo.block, m);
   const double eps = ScalarTraits<double>::eps();
   auto apply_t = [&](const Mat<double>& S, Mat<double>& Y) {  // Y = J^T S
     Y.resize(n, S.cols());
     for (Index j = 0; j < S.cols(); ++j) J.apply_transpose(S.col(j).data(), Y.col(j).data());
   };
-  Mat<double> X(m, b), Y, S, YS, R, P, Xn;
+  Mat<double> X(m, b), Y, S, YS, R, P, Xn, YA, YP, T, Vr;
   Vec<double> sig;
-  // X, Y = J^T X and sig <- the b smallest Ritz triplets of span(S), ascending.
-  auto rayleigh_ritz = [&]() {
-    apply_t(S, YS);
+  LobpcgOutcome out;
+  // X, Y = J^T X and sig <- the b smallest Ritz triplets of span(S), ascending; YS = J^T S is
+  // given (have_ys) or taken fresh.
+  auto rayleigh_ritz = [&](bool have_ys) {
+    if (!have_ys) {
+      apply_t(S, YS);
+      ++out.fresh_steps;
+    }
     // The singular values and right vectors of the tall YS are those of its triangular factor:
     // a blocked Householder QR (BLAS-3) and then a small Jacobi SVD, never YS^T YS.
     Eigen::HouseholderQR<Mat<double>> tall(YS);
@@ -100,21 +118,26 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     Eigen::JacobiSVD<Mat<double>> svd(Rf, Eigen::ComputeThinV);
     const Index k = svd.singularValues().size(), kb = std::min(b, k);
     sig = svd.singularValues().tail(kb).reverse();
-    const Mat<double> V = svd.matrixV().rightCols(kb).rowwise().reverse();
-    Xn.noalias() = S * V;
-    Y.noalias() = YS * V;
+    Vr = svd.matrixV().rightCols(kb).rowwise().reverse();
+    Xn.noalias() = S * Vr;
+    Y.noalias() = YS * Vr;
   };
-  auto orthonormal_basis = [&](const Mat<double>& A) {  // at most m columns: all of R^m
+  // S <- an orthonormal basis of span(A) (at most m columns: all of R^m), T <- its triangular
+  // factor, A = S T, where A has no more columns than rows.
+  auto orthonormal_basis = [&](const Mat<double>& A) {
     Eigen::HouseholderQR<Mat<double>> qr(A);
     S = qr.householderQ() * Mat<double>::Identity(A.rows(), std::min(A.cols(), A.rows()));
+    if (A.cols() <= A.rows())
+      T = qr.matrixQR().topRows(A.cols()).template triangularView<Eigen::Upper>();
+    else
+      T.resize(0, 0);
   };
   Rng rng(lo.seed);
   for (Index k = 0; k < X.size(); ++k) X.data()[k] = rng.normal();
   precondition(X);  // the start: one preconditioned step
   orthonormal_basis(X);
-  rayleigh_ritz();
+  rayleigh_ritz(false);
   X = Xn;
-  LobpcgOutcome out;
   double done = 0;  // progress: the fraction of the way from ρ = 1 to ρ = tol, never decreasing
   for (Index it = 0;; ++it) {
     R.resize(m, sig.size());
@@ -144,17 +167,48 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     }
     // Basis [X, W, P], W and P scaled to unit columns (zero ones dropped) so that the QR keeps
     // their directions to working precision however small the correction has become.
+    const bool track = products == LobpcgProducts::Tracked && it % 8 != 7;
+    Mat<double> YW;
+    if (track) apply_t(R, YW);  // J^T W, before W is scaled
     Index cols = X.cols();
     Mat<double> A(m, X.cols() + R.cols() + P.cols());
+    if (track) YA.resize(n, A.cols());
     A.leftCols(X.cols()) = X;
-    for (const Mat<double>* M : {&R, &P})
-      for (Index j = 0; j < M->cols(); ++j) {
-        const double nrm = M->col(j).norm();
-        if (nrm > 0 && std::isfinite(nrm)) A.col(cols++) = M->col(j) / nrm;
+    if (track) YA.leftCols(X.cols()) = Y;
+    for (int part = 0; part < 2; ++part) {
+      const Mat<double>& M = part == 0 ? R : P;
+      for (Index j = 0; j < M.cols(); ++j) {
+        const double nrm = M.col(j).norm();
+        if (!(nrm > 0 && std::isfinite(nrm))) continue;
+        A.col(cols) = M.col(j) / nrm;
+        if (track) YA.col(cols) = (part == 0 ? YW.col(j) : YP.col(j)) / nrm;
+        ++cols;
       }
+    }
     orthonormal_basis(A.leftCols(cols));
-    rayleigh_ritz();
-    P.noalias() = Xn - X * (X.transpose() * Xn);  // the step's part outside span(X)
+    bool have_ys = false;
+    if (track && T.rows() == cols) {
+      const Eigen::JacobiSVD<Mat<double>> ts(T);
+      const Vec<double>& tv = ts.singularValues();
+      if (tv.size() > 0 && tv(tv.size() - 1) * 1e3 >= tv(0)) {
+        YS = T.template triangularView<Eigen::Upper>().template solve<Eigen::OnTheRight>(
+            YA.leftCols(cols));
+        have_ys = YS.allFinite();
+      }
+    }
+    rayleigh_ritz(have_ys);
+    if (products == LobpcgProducts::Tracked && S.cols() > X.cols()) {
+      // The step's part outside span(X): S's first columns span X, so it is the new Ritz
+      // vectors' coordinates on the other columns of S, and J^T P the same combination of
+      // J^T S, with no cancellation to amplify the rounding of the carried products.
+      const Index k = S.cols() - X.cols();
+      P.noalias() = S.rightCols(k) * Vr.bottomRows(k);
+      YP.noalias() = YS.rightCols(k) * Vr.bottomRows(k);
+    } else {
+      P.noalias() = Xn - X * (X.transpose() * Xn);  // the step's part outside span(X)
+      YP.resize(n, 0);
+      if (products == LobpcgProducts::Tracked) P.resize(m, 0);
+    }
     X = Xn;
   }
 }
