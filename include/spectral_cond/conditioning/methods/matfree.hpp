@@ -1,9 +1,9 @@
 // spectral_cond: κ(J) of a wide J without ever forming or factoring an (N d_v)^2 matrix (MATH.md
 // §12, "The matrix-free method"): σ_max by Lanczos on J J^T, σ_min by LOBPCG on J J^T
-// preconditioned by the d_v channel blocks of J J^T (N x N each, from the structured form), every
-// product by J and J^T matrix-free (one JVP or VJP). Memory O(d_v N^2 + N d_v D) instead of
-// (N d_v)^2. Accuracy ε κ plus the residual bound η, both earned from products with J, whatever
-// the preconditioner's quality.
+// preconditioned by the d_v blocks of J J^T over mixed output channels (N x N each, from the
+// structured form), every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed
+// to N columns where N < D. Memory O(d_v N^2 + N d_v D) instead of (N d_v)^2. Accuracy ε κ plus the
+// residual bound η, both earned from products with J, whatever the preconditioner's quality.
 #pragma once
 
 #include "spectral_cond/conditioning/methods/common.hpp"
@@ -18,28 +18,96 @@ namespace spectral_cond {
 
 namespace detail {
 
-/// The block-Jacobi preconditioner of J J^T over the d_v output channels: M = blockdiag(G_jj),
-/// G_jj = J_j J_j^T (N x N) for the rows J_j of J that belong to channel j, from the structured
-/// form (MATH.md §3): G_jj = (X X^T) ∘ (𝔅_j 𝔅_j^T) + (Q Q^T) ∘ (𝔈_j 𝔈_j^T) + S, 𝔅_j and 𝔈_j
-/// the rows of 𝔅 and 𝔈 for channel j and S = (P X)(P X)^T. Each block is factored once
-/// (Cholesky, after a shift of 64 N ε ||G_jj|| that keeps it definite); M^{-1} is d_v pairs of
-/// triangular solves per column.
+/// The block-Jacobi preconditioner of J J^T over the d_v output channels in a transformed channel
+/// basis (MATH.md §12). Mixing the output channels by an invertible R (d_v x d_v) maps J to
+/// (R^T ⊗ I_N) J, the Jacobian's rows for W_V R, so J J^T = (R^{-T} ⊗ I) G~ (R^{-1} ⊗ I) with
+/// G~ the Gram matrix of the mixed channels, and M = (R^{-T} ⊗ I) blockdiag(G~_jj) (R^{-1} ⊗ I),
+/// M^{-1} = (R ⊗ I) blockdiag(G~_jj)^{-1} (R^T ⊗ I). R simultaneously diagonalises the channel
+/// couplings of the query and the key terms, C_Q = Σ_n |x_n|^2 𝔅_(n) 𝔅_(n)^T and
+/// C_K = Σ_n |q_n|^2 𝔈_(n) 𝔈_(n)^T (𝔅_(n) the d_v rows of 𝔅 for token n: each is the trace over
+/// tokens of one term's d_v x d_v blocks), by the generalised eigenvectors of (C_Q, C_Q + C_K),
+/// columns scaled to unit length (block-Jacobi does not depend on the columns' scale). Each block
+/// G~_jj = (X X^T) ∘ (𝔅~_j 𝔅~_j^T) + (Q Q^T) ∘ (𝔈~_j 𝔈~_j^T) + S ((R^T R)_jj = 1), 𝔅~ and 𝔈~ the
+/// channel mixtures of 𝔅 and 𝔈 and S = (P X)(P X)^T, is factored once (Cholesky, after a shift
+/// of 64 N ε ||G~_jj|| that keeps it definite).
 struct ChannelBlockPreconditioner {
-  std::vector<Mat<double>> L;  ///< Cholesky factors, one per channel
+  std::vector<Mat<double>> L;  ///< Cholesky factors, one per mixed channel
+  Mat<double> R;               ///< the channel mixing, d_v x d_v, unit columns
   Index N = 0;
 
-  /// False when a block stays indefinite after the shift (NaN or Inf in the inputs' products).
-  bool build(const JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S,
-             bool with_keys) {
+  /// Mixes the output channels of the stacked factor F ((N d_v) x n, column b the vec of an
+  /// N x d_v matrix) in place: every N x d_v column becomes itself times R.
+  static void mix_channels(Mat<double>& F, Index N, const Mat<double>& R) {
+    Mat<double> t(N, R.cols());
+    for (Index b = 0; b < F.cols(); ++b) {
+      Eigen::Map<Mat<double>> col(F.col(b).data(), N, R.rows());
+      t.noalias() = col * R;
+      col = t;
+    }
+  }
+
+  /// Σ_b F_b^T diag(w)^2 F_b, F_b the N x dv matrix of column b of F.
+  static Mat<double> coupling(const Mat<double>& F, Index N, Index dv, const Vec<double>& w) {
+    Mat<double> C = Mat<double>::Zero(dv, dv), t(N, dv);
+    for (Index b = 0; b < F.cols(); ++b) {
+      t.noalias() = w.asDiagonal() * Eigen::Map<const Mat<double>>(F.col(b).data(), N, dv);
+      C.noalias() += t.transpose() * t;
+    }
+    return C;
+  }
+
+  /// The mixing R from the two couplings (the key coupling is absent with RoPE: then the
+  /// orthonormal eigenvectors of C_Q). False when the eigensolver fails.
+  bool choose_mixing(const Mat<double>& CQ, const Mat<double>* CK, std::string& why) {
+    const Index dv = CQ.rows();
+    bool ok = false;
+    if (CK) {
+      Mat<double> T = CQ + *CK;
+      // A floor of d_v ε tr keeps C_Q + C_K definite where a channel of V vanishes.
+      T.diagonal().array() += static_cast<double>(dv) * ScalarTraits<double>::eps() *
+                              std::max(T.trace(), std::numeric_limits<double>::min());
+      const Eigen::GeneralizedSelfAdjointEigenSolver<Mat<double>> ge(CQ, T);
+      if (ge.info() == Eigen::Success && ge.eigenvectors().allFinite()) {
+        R = ge.eigenvectors();
+        ok = true;
+      }
+    } else {
+      const Eigen::SelfAdjointEigenSolver<Mat<double>> e(CQ);
+      if (e.info() == Eigen::Success && e.eigenvectors().allFinite()) {
+        R = e.eigenvectors();
+        ok = true;
+      }
+    }
+    if (ok)
+      for (Index j = 0; j < dv; ++j) {
+        const double n = R.col(j).norm();
+        ok = ok && n > 0 && std::isfinite(n);
+        if (ok) R.col(j) /= n;
+      }
+    if (!ok) why = "the eigenvectors of the channel couplings were not computed";
+    return ok;
+  }
+
+  /// Builds the blocks from jp, whose 𝔅 and 𝔈 it mixes in place. False when the mixing is not
+  /// computed or a block stays indefinite after the shift (NaN or Inf in the inputs' products);
+  /// why says which.
+  bool build(JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S, bool with_keys,
+             std::string& why) {
     N = X.rows();
     const Index dv = jp.fwd.V.cols();
+    const Mat<double> CQ = coupling(jp.B, N, dv, X.rowwise().norm());
+    const Mat<double> CK =
+        with_keys ? coupling(jp.E, N, dv, jp.fwd.Q.rowwise().norm()) : Mat<double>();
+    if (!choose_mixing(CQ, with_keys ? &CK : nullptr, why)) return false;
+    mix_channels(jp.B, N, R);
+    if (with_keys) mix_channels(jp.E, N, R);
     const Mat<double> XX = X * X.transpose();
     const Mat<double> QQ = jp.fwd.Q * jp.fwd.Q.transpose();
     L.assign(static_cast<std::size_t>(dv), Mat<double>());
     Mat<double> T(N, N);
     for (Index j = 0; j < dv; ++j) {
       Mat<double>& G = L[static_cast<std::size_t>(j)];
-      G = S;
+      G = S;  // (R^T R)_jj S, and R's columns are unit
       T.noalias() = jp.B.middleRows(j * N, N) * jp.B.middleRows(j * N, N).transpose();
       G += XX.cwiseProduct(T);
       if (with_keys) {
@@ -49,17 +117,67 @@ struct ChannelBlockPreconditioner {
       const double shift = 64.0 * static_cast<double>(N) * ScalarTraits<double>::eps() *
                            std::max(G.diagonal().maxCoeff(), std::numeric_limits<double>::min());
       G.diagonal().array() += shift;
-      if (!cholesky_in_place(G)) return false;
+      if (!cholesky_in_place(G)) {
+        why = "the block of mixed channel " + std::to_string(j) +
+              " is not positive definite at working precision";
+        return false;
+      }
     }
     return true;
   }
 
+  /// B := M^{-1} B: each column mixed (x R), the columns of one mixed channel solved together
+  /// (two blocked triangular solves with the block's factor), and mixed back (x R^T).
   void apply(Mat<double>& B) const {
-    for (std::size_t j = 0; j < L.size(); ++j) {
-      auto seg = B.middleRows(static_cast<Index>(j) * N, N);
-      L[j].triangularView<Eigen::Lower>().solveInPlace(seg);
-      L[j].triangularView<Eigen::Lower>().transpose().solveInPlace(seg);
+    const Index dv = R.rows(), nc = B.cols();
+    Mat<double> t(N, dv), T(N, dv * nc);
+    for (Index c = 0; c < nc; ++c) {
+      t.noalias() = Eigen::Map<const Mat<double>>(B.col(c).data(), N, dv) * R;
+      for (Index j = 0; j < dv; ++j) T.col(j * nc + c) = t.col(j);
     }
+    for (Index j = 0; j < dv; ++j) {
+      const Mat<double>& Lj = L[static_cast<std::size_t>(j)];
+      auto cols = T.middleCols(j * nc, nc);
+      Lj.triangularView<Eigen::Lower>().solveInPlace(cols);
+      Lj.triangularView<Eigen::Lower>().transpose().solveInPlace(cols);
+    }
+    for (Index c = 0; c < nc; ++c) {
+      for (Index j = 0; j < dv; ++j) t.col(j) = T.col(j * nc + c);
+      Eigen::Map<Mat<double>>(B.col(c).data(), N, dv).noalias() = t * R.transpose();
+    }
+  }
+};
+
+/// The compressed inputs of MATH.md §3 for N < D: X = L V^T with V (D x N, orthonormal columns)
+/// from the Householder QR of X^T (L = R^T), so the Jacobian of attention at
+/// (L, V^T W_Q, V^T W_K, V^T W_V) is J~ = J T^T with T's rows orthonormal: J J^T = J~ J~^T, the
+/// same singular values, and every product costs N^2 in place of N D. Householder QR is backward
+/// stable and always completes, so nothing is truncated and nothing can fail; for N >= D the
+/// inputs are kept as they are.
+struct MatfreeInputs {
+  Mat<double> X, WQ, WK, WV;
+  bool compressed = false;
+
+  explicit MatfreeInputs(const KJInputs& in) {
+    const Index N = in.X.rows(), D = in.X.cols();
+    if (N >= D) {
+      X = in.X;
+      WQ = in.WQ;
+      WK = in.WK;
+      WV = in.WV;
+      return;
+    }
+    const Eigen::HouseholderQR<Mat<double>> qr(in.X.transpose());
+    const Mat<double> V = qr.householderQ() * Mat<double>::Identity(D, N);
+    X = qr.matrixQR()
+            .topRows(N)
+            .template triangularView<Eigen::Upper>()
+            .toDenseMatrix()
+            .transpose();
+    WQ.noalias() = V.transpose() * in.WQ;
+    WK.noalias() = V.transpose() * in.WK;
+    WV.noalias() = V.transpose() * in.WV;
+    compressed = true;
   }
 };
 
@@ -71,7 +189,8 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   const double eps = ScalarTraits<double>::eps();
   LobpcgRun run("matfree", jo);
   if (!in.wide()) return run.decline_tall();
-  const JacobianProducts<double> J(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All, fn);
+  const MatfreeInputs c(in);
+  const JacobianProducts<double> J(c.X, c.WQ, c.WK, c.WV, in.opts, JacobianBlock::All, fn);
   if (!run.find_sigma_max(J, in.rows, in.cols))
     return run.decline(Info::NotConverging, "Lanczos for sigma_max did not converge");
   if (jo.progress) jo.progress(0.05);
@@ -81,7 +200,7 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   double lower = 0;  // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
   {
     JacobianParts<double> jp;
-    jp.compute(in.X, in.WQ, in.WK, in.WV, in.opts, JacobianBlock::All);
+    jp.compute(c.X, c.WQ, c.WK, c.WV, in.opts, JacobianBlock::All);
     const Mat<double> S = jp.PX * jp.PX.transpose();
     Vec<double> mu;
     std::string why;
@@ -91,21 +210,23 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
     // Clear of S's rounding, about N ε λ_max(S), σ_N(P X) bounds σ_min(J) from below.
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
-    if (!M.build(jp, in.X, S, !jp.fwd.rope.active))
-      return run.decline(Info::Singular,
-                         "a channel block of J J^T is not positive definite at working precision");
+    why.clear();
+    if (!M.build(jp, c.X, S, !jp.fwd.rope.active, why))
+      return run.decline(Info::Singular, "the matfree preconditioner: " + why);
   }
   if (jo.progress) jo.progress(0.1);
   auto precondition = [&M](Mat<double>& B) { M.apply(B); };
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.1 + 0.9 * f); };
-  const LobpcgOutcome lo = lobpcg_sigma_min(J, precondition, run.res.sigma_max, jo.matfree, inner,
-                                            LobpcgStop::Residual, run.res.rank_tol);
+  const LobpcgOutcome lo =
+      lobpcg_sigma_min(J, precondition, run.res.sigma_max, jo.matfree, inner, LobpcgStop::Residual,
+                       run.res.rank_tol, LobpcgProducts::Tracked);
   run.res.iterations += lo.iterations;
   std::ostringstream note;
   note << "matfree: block " << std::min(jo.matfree.block, in.rows) << ", preconditioned by the "
-       << in.WV.cols() << " channel blocks of J J^T (" << N << " x " << N << " each); "
+       << in.WV.cols() << " mixed channel blocks of J J^T (" << N << " x " << N << " each); "
        << lo.iterations << " iterations";
+  if (c.compressed) note << " on the compressed inputs X = L V^T (L " << N << " x " << N << ")";
   if (auto d = run.decline_if_rank_level(lo.sigma, note.str())) return *d;
   if (!lo.converged)
     return run.decline(Info::NotConverging,
@@ -115,7 +236,7 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
                            "; raise matfree.max_iterations or matfree.block, or use method qr)");
   // The residual of the returned pair, recomputed from two fresh products: r = J J^T x - σ^2 x
   // with σ = ||J^T x||; some singular value is within η σ = ||r|| / σ of σ (lobpcg_sigma_min).
-  Vec<double> y(in.cols), r(in.rows);
+  Vec<double> y(J.cols()), r(in.rows);
   J.apply_transpose(lo.x.data(), y.data());
   const double sigma = y.norm();
   J.apply(y.data(), r.data());
@@ -140,18 +261,18 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
 /// κ(J) of a wide J by the matrix-free method (top of this header; MATH.md §12): nothing of order
 /// (N d_v)^2 is formed, so it runs where gram, lobpcg and qr do not fit (a GPT-2 head at
 /// N = 1024 has a 34 GB Gram matrix). σ_max by Lanczos on J J^T; σ_min by LOBPCG on J J^T with
-/// the d_v channel blocks of J J^T as preconditioner (ChannelBlockPreconditioner), stopped on the
-/// unpreconditioned residual. At the
-/// end the residual of the Ritz pair is recomputed from two products: some singular value of J
-/// lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2. Stated accuracy ε κ + η.
-/// Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration `block` products with
-/// J and J^T and d_v N^2 block solves per column.
-/// Like lobpcg, it finds the smallest singular value from a random block, not by a certificate:
-/// where N <= D and P X has full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is checked and
-/// given in the note. It answers (Info::Success) only when the iteration converges, σ_min is
-/// above the rank tolerance and the recomputed η is below 1/2; otherwise it says why and leaves
-/// kappa NaN (Info::Singular for a tall J or a σ_min at rank level, Info::NotConverging,
-/// Info::Inaccurate when the answer contradicts the proven bound).
+/// the d_v blocks of J J^T over mixed channels as preconditioner (ChannelBlockPreconditioner),
+/// stopped on the unpreconditioned residual; for N < D on the compressed inputs (MatfreeInputs),
+/// whose J J^T is the same. At the end the residual of the Ritz pair is recomputed from two
+/// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2.
+/// Stated accuracy ε κ + η. Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration
+/// about `block` products with J^T (the rest carried, LobpcgProducts::Tracked), `block` with J, and
+/// d_v N^2 block solves per column. Like lobpcg, it finds the smallest singular value from a random
+/// block, not by a certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X)
+/// (MATH.md §5) is checked and given in the note. It answers (Info::Success) only when the
+/// iteration converges, σ_min is above the rank tolerance and the recomputed η is below 1/2;
+/// otherwise it says why and leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank
+/// level, Info::NotConverging, Info::Inaccurate when the answer contradicts the proven bound).
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_matfree(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                                const CRef<Scalar>& WK, const CRef<Scalar>& WV,
