@@ -74,9 +74,10 @@ TEST_CASE("matfree agrees with the dense SVD of J across shapes, masks, tokens a
       for (const bool ln : {false, true})
         for (const double lambda : {0.0, 10.0}) {
           ++seed;
+          // std::string: doctest's INFO prints a const char* as a pointer.
           INFO("seed=" << seed << " N=" << s.N << " D=" << s.D << " d=" << s.d << " mask "
-                       << to_string(mask) << (ln ? " LayerNorm'd" : " Gaussian") << " lambda "
-                       << lambda);
+                       << std::string(to_string(mask))
+                       << std::string(ln ? " LayerNorm'd" : " Gaussian") << " lambda " << lambda);
           auto p = make_problem<double>(s.N, s.D, s.d, s.d, seed, mask);
           if (ln) layer_norm_rows(p);
           if (lambda != 0) {

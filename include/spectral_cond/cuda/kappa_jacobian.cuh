@@ -204,7 +204,14 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
     }
     auto qr = [&] {
       if (L_of != &bd.x(i)) {
-        spectral_cond::detail::truncated_svd<double>(bd.x(i), L, VX);
+        if (!spectral_cond::detail::truncated_svd<double>(bd.x(i), L, VX)) {
+          auto bad =
+              spectral_cond::detail::invalid_condition<double>("the SVD of X did not converge");
+          bad.info = Info::NotConverging;
+          bad.method = to_string(method);
+          L_of = nullptr;
+          return bad;
+        }
         L_of = &bd.x(i);
       }
       return detail::qr_route(ctx, d, i, L, o);

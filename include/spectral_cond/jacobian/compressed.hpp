@@ -40,9 +40,11 @@ namespace spectral_cond {
 namespace detail {
 
 /// Thin SVD of M truncated at max(rows, cols) · ε · σ_1: returns U Σ (rows x r) and V (cols x r).
+/// False, with US and V untouched, when the SVD reports a failure.
 template <typename Scalar>
-void truncated_svd(const CRef<Scalar>& M, Mat<Scalar>& US, Mat<Scalar>& V) {
+[[nodiscard]] bool truncated_svd(const CRef<Scalar>& M, Mat<Scalar>& US, Mat<Scalar>& V) {
   Eigen::BDCSVD<Mat<Scalar>> svd(M, Eigen::ComputeThinU | Eigen::ComputeThinV);
+  if (svd.info() != Eigen::Success) return false;
   const Vec<Scalar>& s = svd.singularValues();
   const Scalar tol = s.size() > 0 ? static_cast<Scalar>(std::max(M.rows(), M.cols())) *
                                         ScalarTraits<Scalar>::eps() * s(0)
@@ -51,6 +53,7 @@ void truncated_svd(const CRef<Scalar>& M, Mat<Scalar>& US, Mat<Scalar>& V) {
   while (r < s.size() && s(r) > tol) ++r;
   US = svd.matrixU().leftCols(r) * s.head(r).asDiagonal();
   V = svd.matrixV().leftCols(r);
+  return true;
 }
 
 template <typename Scalar>
@@ -86,12 +89,14 @@ class CompressedJacobian {
   }
 
   /// Forward pass, X = L V_X^T, and the B_b, E~_k and P L of MATH.md §3. Cost: an SVD of X
-  /// plus (d_k + r) products of N x N by N x d_v. Throws std::invalid_argument on bad shapes.
+  /// plus (d_k + r) products of N x N by N x d_v. Throws std::invalid_argument on bad shapes and
+  /// std::runtime_error where the SVD of X fails.
   void compute(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
                const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts = {}) {
     attention_forward<Scalar>(X, WQ, WK, WV, opts, cache_);
     detail::require_finite<Scalar>("CompressedJacobian", X, WQ, WK, WV);
-    detail::truncated_svd<Scalar>(X, L_, VX_);
+    if (!detail::truncated_svd<Scalar>(X, L_, VX_))
+      throw std::runtime_error("CompressedJacobian: the SVD of X did not converge");
     D_ = X.cols();
     const Index N = X.rows(), dk = cache_.d_k(), dv = cache_.d_v(), r = L_.cols();
     const Mat<Scalar>& P = cache_.P;
@@ -327,12 +332,14 @@ class CompressedInputJacobian {
     Mat<Scalar> Wcat(D, 2 * dk + dv);
     Wcat << WQ, WK, WV;
     Mat<Scalar> SV;  // Σ_W V_W^T appears as (V_W Σ_W)^T of the SVD of W_cat^T
-    detail::truncated_svd<Scalar>(Wcat.transpose(), SV, UW_);  // W_cat^T = (V_W Σ_W) U_W^T
-    WQr_ = SV.topRows(dk).transpose();                         // U_W^T W_Q, s x d_k
-    WKr_ = SV.middleRows(dk, dk).transpose();                  // U_W^T W_K
-    WVr_ = SV.bottomRows(dv).transpose();                      // U_W^T W_V, s x d_v
-    kappa_.noalias() = cache_.K * WQr_.transpose();            // N x s: K w_Q for every t
-    rho_.noalias() = cache_.Q * WKr_.transpose();              // N x s: Q w_K for every t
+    if (!detail::truncated_svd<Scalar>(Wcat.transpose(), SV, UW_))  // W_cat^T = (V_W Σ_W) U_W^T
+      throw std::runtime_error(
+          "CompressedInputJacobian: the SVD of [W_Q, W_K, W_V] did not converge");
+    WQr_ = SV.topRows(dk).transpose();               // U_W^T W_Q, s x d_k
+    WKr_ = SV.middleRows(dk, dk).transpose();        // U_W^T W_K
+    WVr_ = SV.bottomRows(dv).transpose();            // U_W^T W_V, s x d_v
+    kappa_.noalias() = cache_.K * WQr_.transpose();  // N x s: K w_Q for every t
+    rho_.noalias() = cache_.Q * WKr_.transpose();    // N x s: Q w_K for every t
     PT_ = cache_.P.transpose();
   }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "spectral_cond/conditioning/methods/common.hpp"
+#include "spectral_cond/jacobian/compressed.hpp"
 #include "spectral_cond/jacobian/jacobian.hpp"
 #include "spectral_cond/jacobian/operators.hpp"
 #include "spectral_cond/linalg/cholesky.hpp"
@@ -34,6 +35,7 @@ struct ChannelBlockPreconditioner {
   std::vector<Mat<double>> L;  ///< Cholesky factors, one per mixed channel
   Mat<double> R;               ///< the channel mixing, d_v x d_v, unit columns
   Index N = 0;
+  bool mixed = false;  ///< R from the couplings' eigenvectors; false: R = I
 
   /// Mixes the output channels of the stacked factor F ((N d_v) x n, column b the vec of an
   /// N x d_v matrix) in place: every N x d_v column becomes itself times R.
@@ -57,8 +59,11 @@ struct ChannelBlockPreconditioner {
   }
 
   /// The mixing R from the two couplings (the key coupling is absent with RoPE: then the
-  /// orthonormal eigenvectors of C_Q). False when the eigensolver fails.
-  bool choose_mixing(const Mat<double>& CQ, const Mat<double>* CK, std::string& why) {
+  /// orthonormal eigenvectors of C_Q). Any invertible R gives a valid preconditioner, so where
+  /// the eigensolver fails or returns a column that is not finite (couplings at the level of
+  /// underflow, as when the softmax is saturated and the query and key terms vanish) R = I, the
+  /// plain block-Jacobi over the output channels; mixed says which.
+  void choose_mixing(const Mat<double>& CQ, const Mat<double>* CK) {
     const Index dv = CQ.rows();
     bool ok = false;
     if (CK) {
@@ -78,19 +83,17 @@ struct ChannelBlockPreconditioner {
         ok = true;
       }
     }
-    if (ok)
-      for (Index j = 0; j < dv; ++j) {
-        const double n = R.col(j).norm();
-        ok = ok && n > 0 && std::isfinite(n);
-        if (ok) R.col(j) /= n;
-      }
-    if (!ok) why = "the eigenvectors of the channel couplings were not computed";
-    return ok;
+    for (Index j = 0; ok && j < dv; ++j) {
+      const double n = R.col(j).norm();
+      ok = n > 0 && std::isfinite(n);
+      if (ok) R.col(j) /= n;
+    }
+    mixed = ok;
+    if (!ok) R = Mat<double>::Identity(dv, dv);
   }
 
-  /// Builds the blocks from jp, whose 𝔅 and 𝔈 it mixes in place. False when the mixing is not
-  /// computed or a block stays indefinite after the shift (NaN or Inf in the inputs' products);
-  /// why says which.
+  /// Builds the blocks from jp, whose 𝔅 and 𝔈 it mixes in place. False when a block stays
+  /// indefinite after the shift (NaN or Inf in the inputs' products); why says which.
   bool build(JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S, bool with_keys,
              std::string& why) {
     N = X.rows();
@@ -98,7 +101,7 @@ struct ChannelBlockPreconditioner {
     const Mat<double> CQ = coupling(jp.B, N, dv, X.rowwise().norm());
     const Mat<double> CK =
         with_keys ? coupling(jp.E, N, dv, jp.fwd.Q.rowwise().norm()) : Mat<double>();
-    if (!choose_mixing(CQ, with_keys ? &CK : nullptr, why)) return false;
+    choose_mixing(CQ, with_keys ? &CK : nullptr);
     mix_channels(jp.B, N, R);
     if (with_keys) mix_channels(jp.E, N, R);
     const Mat<double> XX = X * X.transpose();
@@ -148,37 +151,28 @@ struct ChannelBlockPreconditioner {
   }
 };
 
-/// The compressed inputs of MATH.md §3 for N < D: X = L V^T with V (D x N, orthonormal columns)
-/// from the Householder QR of X^T (L = R^T), so the Jacobian of attention at
-/// (L, V^T W_Q, V^T W_K, V^T W_V) is J~ = J T^T with T's rows orthonormal: J J^T = J~ J~^T, the
-/// same singular values, and every product costs N^2 in place of N D. Householder QR is backward
-/// stable and always completes, so nothing is truncated and nothing can fail; for N >= D the
-/// inputs are kept as they are.
+/// The compressed inputs of MATH.md §3 for N < D: X = L V^T from X's truncated SVD
+/// (detail::truncated_svd, L = U Σ, N x r, V D x r with orthonormal columns), so the Jacobian of
+/// attention at (L, V^T W_Q, V^T W_K, V^T W_V) is J~ = J T^T with T's rows orthonormal:
+/// J J^T = J~ J~^T, the same singular values, and every product costs N r in place of N D; the
+/// truncation at max(N, D) ε σ_1(X) is a perturbation at the level of rounding. For N >= D, and
+/// where the SVD fails, the inputs are used as they are (always valid).
 struct MatfreeInputs {
   Mat<double> X, WQ, WK, WV;
   bool compressed = false;
 
   explicit MatfreeInputs(const KJInputs& in) {
-    const Index N = in.X.rows(), D = in.X.cols();
-    if (N >= D) {
-      X = in.X;
-      WQ = in.WQ;
-      WK = in.WK;
-      WV = in.WV;
-      return;
-    }
-    const Eigen::HouseholderQR<Mat<double>> qr(in.X.transpose());
-    const Mat<double> V = qr.householderQ() * Mat<double>::Identity(D, N);
-    X = qr.matrixQR()
-            .topRows(N)
-            .template triangularView<Eigen::Upper>()
-            .toDenseMatrix()
-            .transpose();
+    Mat<double> V;
+    if (in.X.rows() >= in.X.cols() || !truncated_svd<double>(in.X, X, V)) return;
     WQ.noalias() = V.transpose() * in.WQ;
     WK.noalias() = V.transpose() * in.WK;
     WV.noalias() = V.transpose() * in.WV;
     compressed = true;
   }
+  const Mat<double>& x(const KJInputs& in) const { return compressed ? X : in.X; }
+  const Mat<double>& wq(const KJInputs& in) const { return compressed ? WQ : in.WQ; }
+  const Mat<double>& wk(const KJInputs& in) const { return compressed ? WK : in.WK; }
+  const Mat<double>& wv(const KJInputs& in) const { return compressed ? WV : in.WV; }
 };
 
 /// kappa_jacobian_matfree on inputs in double.
@@ -190,7 +184,8 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   LobpcgRun run("matfree", jo);
   if (!in.wide()) return run.decline_tall();
   const MatfreeInputs c(in);
-  const JacobianProducts<double> J(c.X, c.WQ, c.WK, c.WV, in.opts, JacobianBlock::All, fn);
+  const JacobianProducts<double> J(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts,
+                                   JacobianBlock::All, fn);
   if (!run.find_sigma_max(J, in.rows, in.cols))
     return run.decline(Info::NotConverging, "Lanczos for sigma_max did not converge");
   if (jo.progress) jo.progress(0.05);
@@ -200,7 +195,7 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   double lower = 0;  // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
   {
     JacobianParts<double> jp;
-    jp.compute(c.X, c.WQ, c.WK, c.WV, in.opts, JacobianBlock::All);
+    jp.compute(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts, JacobianBlock::All);
     const Mat<double> S = jp.PX * jp.PX.transpose();
     Vec<double> mu;
     std::string why;
@@ -211,8 +206,9 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
     why.clear();
-    if (!M.build(jp, c.X, S, !jp.fwd.rope.active, why))
-      return run.decline(Info::Singular, "the matfree preconditioner: " + why);
+    if (!M.build(jp, c.x(in), S, !jp.fwd.rope.active, why))
+      // The preconditioner only speeds the iteration: its failure says nothing of σ_min(J).
+      return run.decline(Info::NotConverging, "the matfree preconditioner: " + why);
   }
   if (jo.progress) jo.progress(0.1);
   auto precondition = [&M](Mat<double>& B) { M.apply(B); };
@@ -224,9 +220,10 @@ inline ConditionResult<double> matfree_condition(const KJInputs& in,
   run.res.iterations += lo.iterations;
   std::ostringstream note;
   note << "matfree: block " << std::min(jo.matfree.block, in.rows) << ", preconditioned by the "
-       << in.WV.cols() << " mixed channel blocks of J J^T (" << N << " x " << N << " each); "
-       << lo.iterations << " iterations";
-  if (c.compressed) note << " on the compressed inputs X = L V^T (L " << N << " x " << N << ")";
+       << in.WV.cols() << (M.mixed ? " mixed" : " (unmixed)") << " channel blocks of J J^T (" << N
+       << " x " << N << " each); " << lo.iterations << " iterations";
+  if (c.compressed)
+    note << " on the compressed inputs X = L V^T (L " << N << " x " << c.X.cols() << ")";
   if (auto d = run.decline_if_rank_level(lo.sigma, note.str())) return *d;
   if (!lo.converged)
     return run.decline(Info::NotConverging,
