@@ -107,6 +107,25 @@ TEST_CASE("matfree agrees with the dense SVD of J across shapes, masks, tokens a
   }
 }
 
+// A saturated softmax (causal, lambda = 10): the query and key couplings are exactly 0, the
+// mixing cannot be computed, and matfree falls back to the unmixed channel blocks (MATH.md §12).
+// It had declined this instance as singular, where sigma_min(J) = 1.04.
+TEST_CASE("matfree with a saturated softmax: the unmixed blocks, never a wrong singular") {
+  auto p = make_problem<double>(8, 12, 4, 4, 306, MaskKind::Causal);
+  const Mat<double> E = rectangular_identity<double>(12, 4);
+  p.WQ += 10 * E;
+  p.WK += 10 * E;
+  const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts);
+  const auto d = dense_reference(p);
+  REQUIRE(d.info == Info::Success);
+  CHECK(d.sigma_min > 1e3 * m.rank_tol);  // far from singular
+  Tally t;
+  check_honest(m, d, t);
+  CHECK(t.answered == 1);
+  CHECK(m.note.find("(unmixed) channel blocks") != std::string::npos);
+  CHECK(m.note.find("compressed inputs") != std::string::npos);
+}
+
 TEST_CASE("matfree against qr and lobpcg at N = 256 (causal, LayerNorm'd, N > D)") {
   if (SC_TEST_SANITIZED) return;  // thousands of JVPs at -O0: the Release suite has it
   auto p = make_problem<double>(256, 128, 4, 4, 41, MaskKind::Causal);
