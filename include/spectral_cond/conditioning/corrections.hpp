@@ -186,9 +186,10 @@ struct LambdaCorrection {
   std::string note;
 };
 
-namespace detail {
-
-/// true when E^T E = I (cols <= rows) or E E^T = I (cols > rows), checked to a few ε.
+/// Whether all min(m, n) singular values of the m x n matrix E are 1 (E has orthonormal columns
+/// or rows): E^T E = I when n <= m, else E E^T = I, entry by entry to 4 (m + n) ε. That is the
+/// hypothesis under which Weyl's inequality bounds κ(W + λ E) by (λ + s)/(λ - s), s = σ_1(W)
+/// (MATH.md §7); a head's slice of a fused λ I_k may fail it (§7, "Multi-head placement").
 template <typename Scalar>
 bool has_unit_singular_values(const CRef<Scalar>& E) {
   const Mat<Scalar> G =
@@ -197,6 +198,10 @@ bool has_unit_singular_values(const CRef<Scalar>& E) {
       Scalar(4) * static_cast<Scalar>(E.rows() + E.cols()) * ScalarTraits<Scalar>::eps();
   return (G - Mat<Scalar>::Identity(G.rows(), G.cols())).cwiseAbs().maxCoeff() <= tol;
 }
+
+namespace detail {
+
+using spectral_cond::has_unit_singular_values;  // lambda_report's name for it
 
 /// The report of W + λ E for a given unit-scale addend E (MATH.md §7).
 template <typename Scalar>

@@ -296,14 +296,18 @@ std::optional<ConditionResult<double>> kappa_via_gram(const CRef<double>& M,
   return res;
 }
 
-namespace detail {
-/// κ of a double matrix expected to be well conditioned: kappa_via_gram where it answers, else
-/// the SVD of `kappa` (MATH.md §4).
+/// κ of a double matrix expected to be well conditioned (W + λ I_k, an exactly corrected W):
+/// kappa_via_gram with its default max_error (1e-12) where it answers, else the dense SVD of
+/// `kappa` with default options (MATH.md §4). The result's method and accuracy say which
+/// answered. Throws std::invalid_argument for an empty M.
 template <typename = void>
 ConditionResult<double> kappa_via_gram_or_svd(const CRef<double>& M) {
   if (auto g = kappa_via_gram(M)) return *g;
   return kappa(M);
 }
+
+namespace detail {
+using spectral_cond::kappa_via_gram_or_svd;  // exact_correction's name for it
 }  // namespace detail
 
 }  // namespace spectral_cond

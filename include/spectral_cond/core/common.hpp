@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -88,13 +89,28 @@ struct ScalarTraits {
   static constexpr Scalar inf() { return std::numeric_limits<Scalar>::infinity(); }
 };
 
-namespace detail {
+/// min(a, b) with NaN read as "no value": the other argument when one is NaN, NaN when both
+/// are. For running extremes over results that may be undefined (a ratio of two infinite κ),
+/// started at NaN.
+inline double min_ignoring_nan(double a, double b) {
+  return std::isnan(a) ? b : std::isnan(b) ? a : std::min(a, b);
+}
+/// max(a, b) with NaN read as "no value", as min_ignoring_nan.
+inline double max_ignoring_nan(double a, double b) {
+  return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
+}
 
+/// "r x c": a matrix's shape as every argument check of the library writes it
+/// ("attention_vjp: G must be N x d_v = 3 x 4 (got 3 x 5)").
 inline std::string shape_str(Index r, Index c) {
   std::ostringstream s;
   s << r << " x " << c;
   return s.str();
 }
+
+namespace detail {
+
+using spectral_cond::shape_str;  // the argument checks' name for it
 
 /// Throws std::invalid_argument("fn: arg must be <what> = R x C (got r x c)").
 template <typename Derived>

@@ -17,6 +17,18 @@ namespace spectral_cond {
 /// The default seed of every seeded option in the library (MATH.md §16).
 inline constexpr std::uint64_t default_seed = 0;
 
+/// SplitMix64's output function (Steele, Lea and Flood, 2014) applied to x: a bijection of the
+/// 64-bit words that mixes every input bit into every output bit. It derives independent seeds
+/// from one (MATH.md §16): the verifier's instance k of regime r gets
+/// splitmix64(splitmix64(seed ^ splitmix64(r)) + k). Fixed here, so derived seeds are the same
+/// with any compiler.
+constexpr std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 /// Portable seeded random numbers (MATH.md §16):
 ///   word()          the next 64-bit word of std::mt19937_64(seed);
 ///   uniform()       ((w >> 11) + 1) 2^-53, in (0, 1];

@@ -13,10 +13,9 @@ struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-namespace detail {
-
-/// 'name' with control and non-ASCII bytes escaped and long names cut, so that messages stay
-/// one printable line whatever a file contains.
+/// `s` in single quotes, for messages: control and non-ASCII bytes, the quote and the backslash
+/// become \xNN, and a text longer than `max_len` bytes is cut there and ends in "...", so that a
+/// message stays one printable line whatever a file contains ("'a\x0ab'" for "a\nb").
 inline std::string quote(const std::string& s, std::size_t max_len = 200) {
   std::string out = "'";
   static const char* hex = "0123456789abcdef";
@@ -34,6 +33,8 @@ inline std::string quote(const std::string& s, std::size_t max_len = 200) {
   return out + "'";
 }
 
+namespace detail {
+using io::quote;  // the readers' name for it
 }  // namespace detail
 }  // namespace io
 }  // namespace spectral_cond

@@ -30,9 +30,9 @@
 namespace spectral_cond {
 namespace io {
 
-namespace detail {
-
-/// "a directory", "a FIFO", ... for messages about a file that is not a regular file.
+/// What a file that is not a regular file is, for messages: "a directory", "a FIFO", "a
+/// character device", "a block device", "a socket", "a symbolic link" (for lstat's mode), else
+/// "not a regular file". `m` is the st_mode of stat or lstat.
 inline const char* file_kind(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
@@ -42,6 +42,10 @@ inline const char* file_kind(mode_t m) {
   if (S_ISLNK(m)) return "a symbolic link";
   return "not a regular file";
 }
+
+namespace detail {
+
+using io::file_kind;  // the readers' name for it
 
 struct FileId {
   dev_t dev;

@@ -38,6 +38,15 @@
 namespace spectral_cond {
 namespace io {
 
+/// The built-in layouts (MATH.md §8), in the order detect_layers tries them (where two can match
+/// the same names, the more specific first: whisper before llama), as kLayoutNames lists them.
+/// Layout::Auto and Layout::Map are not among them.
+inline std::vector<Layout> builtin_layouts() {
+  std::vector<Layout> out;
+  for (const auto& r : detail::layout_rules()) out.push_back(r.first.layout);
+  return out;
+}
+
 /// True for the names a built-in layout can match (MATH.md §8): only these tensors' shapes are
 /// needed to find the attention layers, so only their shards are opened.
 inline bool attention_candidate(const std::string& name) {

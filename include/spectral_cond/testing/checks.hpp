@@ -79,18 +79,24 @@ struct ExtendedBoundCheck {
   std::string detail;           ///< the κ₊ values and ranks, or why it is unresolved
 };
 
-namespace detail {
-
-inline double rel_diff(double a, double b) {
-  if (a == b) return 0;  // also +inf == +inf
-  return std::abs(a - b) / std::max(std::abs(b), std::numeric_limits<double>::min());
-}
-
+/// A check's result with its one line of detail written as every check of this header writes
+/// it: "<what>: <lhs> vs <rhs>" when held, "<what>: <lhs> VIOLATES <rhs>" otherwise, the numbers
+/// to 17 significant digits. For harnesses that judge a statement of MATH.md §5–7 themselves
+/// (Theorem 3.4's bound against κ(J)) and report it beside these checks.
 inline CheckResult check_result(CheckStatus s, double lhs, double rhs, const std::string& what) {
   std::ostringstream d;
   d.precision(17);
   d << what << ": " << lhs << (s == CheckStatus::Held ? " vs " : " VIOLATES ") << rhs;
   return {s, lhs, rhs, d.str()};
+}
+
+namespace detail {
+
+using spectral_cond::check_result;  // the checks' name for it
+
+inline double rel_diff(double a, double b) {
+  if (a == b) return 0;  // also +inf == +inf
+  return std::abs(a - b) / std::max(std::abs(b), std::numeric_limits<double>::min());
 }
 
 inline CheckResult not_applicable(const std::string& why) {
