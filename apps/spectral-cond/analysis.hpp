@@ -169,7 +169,7 @@ class AddendCache {
     if (it == cache_.end()) {
       Addend a;
       a.E = make();
-      a.unit_singular_values = spectral_cond::detail::has_unit_singular_values<double>(a.E);
+      a.unit_singular_values = has_unit_singular_values<double>(a.E);
       it = cache_.emplace(key, std::move(a)).first;
     }
     return it->second;
@@ -185,7 +185,7 @@ inline CorrectedKappa corrected_kappa(const Mat<double>& W, const Addend& A, dou
   const Mat<double> Wc = W + lambda * E;
   // W + λ E is usually well conditioned (λ = 10 against σ_1(W) of order 1): its Gram
   // eigenvalues then give κ at half the cost of an SVD and to ε κ^2 <= 1e-12; otherwise an SVD.
-  const ConditionResult<double> c = spectral_cond::detail::kappa_via_gram_or_svd(Wc);
+  const ConditionResult<double> c = kappa_via_gram_or_svd(Wc);
   CorrectedKappa r;
   r.sigma_max = c.sigma_max;
   r.sigma_min = c.sigma_min;
@@ -441,8 +441,8 @@ inline void read_layer_biases(const CheckpointReader& src, const io::AttentionLa
     if (it == read.end()) it = read.emplace(name, src.vector(name)).first;
     const std::vector<std::int64_t> shape = src.shape(s.tensor);
     const std::int64_t len = shape.size() == 2 ? shape[s.transposed ? 0 : 1] : -1;
-    const Vec<double> b = io::extract_bias(
-        s, it->second, len, src.file_of(name) + ": tensor " + io::detail::quote(name));
+    const Vec<double> b =
+        io::extract_bias(s, it->second, len, src.file_of(name) + ": tensor " + io::quote(name));
     m.bias_tensors[static_cast<std::size_t>(i)] = name;
     if (b.isZero(0)) {
       m.bias_zero[static_cast<std::size_t>(i)] = true;
@@ -720,9 +720,9 @@ inline CheckpointReport analyze_checkpoint(const std::string& path, const Analys
         if (lm.bk.size() > 0) hao.bias_k = lm.bk.segment(g * H.d_k, H.d_k);
         if (lm.bv.size() > 0) hao.bias_v = lm.bv.segment(g * H.d_v, H.d_v);
         hao.rope = lm.rope;
-        require_finite_attention(X, w.q, w.k, w.v, hao,
-                                 where + " head " + std::to_string(h) + " (tensor " +
-                                     io::detail::quote(L.q.tensor) + ")");
+        require_finite_attention(
+            X, w.q, w.k, w.v, hao,
+            where + " head " + std::to_string(h) + " (tensor " + io::quote(L.q.tensor) + ")");
         Theorem34Report r = theorem34<double>(X, w.q, w.k, w.v, hao, hbo);
         if (r.J.info == Info::InvalidInput)
           throw NumericalFailure(path + ": layer " + std::to_string(L.index) + " head " +

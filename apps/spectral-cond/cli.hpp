@@ -43,10 +43,6 @@ struct NumericalFailure : Error {
   explicit NumericalFailure(const std::string& msg) : Error(kNumericalFailure, msg) {}
 };
 
-inline std::string shape_str(Index rows, Index cols) {
-  return detail::shape_str(rows, cols);
-}
-
 /// Reads a 2-D float32 or float64 .npy file (C or Fortran order) as double. `role` names the
 /// tensor in messages ("X", "W_Q"). Throws io::IoError (malformed file, not 2-D) or BadInput
 /// (NaN or Inf entries), naming the file.

@@ -88,7 +88,7 @@ std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
   if (!arr.fortran_order || arr.ndim() <= 1)
     return io::encode_values(arr.data.data(), arr.data.size(), dtype);
   if (arr.ndim() == 2) return io::encode_matrix(arr.to_matrix(), dtype);
-  throw BadInput(file + ": tensor " + io::detail::quote(arr.name) +
+  throw BadInput(file + ": tensor " + io::quote(arr.name) +
                  ": Fortran-order arrays of more than 2 dimensions cannot be written back");
 }
 
@@ -117,7 +117,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     throw BadInput(
         "--out: correct writes a safetensors file, so its name must end in "
         ".safetensors (got " +
-        io::detail::quote(a.out) + ")");
+        io::quote(a.out) + ")");
 
   const io::LayerMap map = io::parse_layer_map(a.map);
   io::LayoutMatch match =
@@ -151,7 +151,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     for (const io::ProjectionSlot* s : {&L.q, &L.k, &L.v}) {
       if (tensors.count(s->tensor)) continue;
       if (modified.count(s->tensor))
-        throw BadInput(a.checkpoint + ": tensor " + io::detail::quote(s->tensor) +
+        throw BadInput(a.checkpoint + ": tensor " + io::quote(s->tensor) +
                        " belongs to two attention layers");
       if (a.verbose)
         std::cerr << "spectral-cond: reading " << s->tensor << " from " << src.file_of(s->tensor)
@@ -163,7 +163,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
       const Mat<double> W = io::extract_projection(s, T);
       const Mat<double> Wc = corrected(W, heads, d, a, target);
       if (!Wc.allFinite())
-        throw NumericalFailure(a.checkpoint + ": tensor " + io::detail::quote(s.tensor) +
+        throw NumericalFailure(a.checkpoint + ": tensor " + io::quote(s.tensor) +
                                ": the corrected weights have NaN or Inf entries");
       io::insert_projection(s, Wc, T);
     };
@@ -171,9 +171,9 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     fix(L.k, H.kv_heads, H.d_k);
     fix(L.v, H.kv_heads, H.d_v);
     for (const auto& kv : tensors) {
-      io::require_representable(kv.second, src.dtype(kv.first),
-                                src.file_of(kv.first) + ": tensor " + io::detail::quote(kv.first) +
-                                    " after the correction");
+      io::require_representable(
+          kv.second, src.dtype(kv.first),
+          src.file_of(kv.first) + ": tensor " + io::quote(kv.first) + " after the correction");
       modified[kv.first] = io::encode_matrix(kv.second, src.dtype(kv.first));
     }
     bar.update(static_cast<double>(++n_done) / static_cast<double>(todo.size() + 1));

@@ -159,7 +159,7 @@ void run_demo(const DemoArgs& a) {
     struct stat st {};
     if (::lstat(a.keep.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
       throw BadInput(a.keep + ": --keep needs a directory, and this is " +
-                     io::detail::file_kind(st.st_mode));
+                     io::file_kind(st.st_mode));
     for (const char* f : {"model.safetensors", "config.json"}) {
       const std::string p = io::join_path(a.keep, f);
       if (::lstat(p.c_str(), &st) == 0)

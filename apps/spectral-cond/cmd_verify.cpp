@@ -128,7 +128,7 @@ void print_marginal(std::ostream& o, const char* title, const VerifyReport& rep,
     g.inconclusive += s.final_inconclusive;
     g.unresolved += s.final_unresolved;
     g.artefacts += s.artefacts;
-    g.worst = detail::min_ignoring_nan(g.worst, s.worst_real_ratio);
+    g.worst = min_ignoring_nan(g.worst, s.worst_real_ratio);
   }
   o << "  " << std::left << std::setw(14) << title;
   for (const std::string& k : order) {
@@ -212,7 +212,7 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
     t_rechk += s.rechecked;
     t_uncertain += s.rank_uncertain;
     t_missed += s.missed;
-    t_worst = detail::min_ignoring_nan(t_worst, s.worst_real_ratio);
+    t_worst = min_ignoring_nan(t_worst, s.worst_real_ratio);
   }
   o << "\nTheorem 3.4 with kappa_plus after the extended-precision re-checks: " << t_held
     << " held, " << t_real << " violated (real), " << t_inc << " inconclusive, " << t_unres
@@ -282,7 +282,7 @@ void run_verify(const VerifyArgs& a) {
     struct stat st {};
     if (::lstat(a.dump.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
       throw BadInput(a.dump + ": --dump needs a directory, and this is " +
-                     io::detail::file_kind(st.st_mode) + " (nothing is written over it)");
+                     io::file_kind(st.st_mode) + " (nothing is written over it)");
   }
   VerifyOptions o;
   o.seed = a.seed;

@@ -17,7 +17,7 @@ namespace spectral_cond::cli {
 /// The --layout values: auto and every built-in layout of io::detect_layers.
 inline std::vector<std::string> layout_choices() {
   std::vector<std::string> out = {"auto"};
-  for (const auto& r : io::detail::layout_rules()) out.push_back(io::to_string(r.first.layout));
+  for (io::Layout l : io::builtin_layouts()) out.push_back(io::to_string(l));
   return out;
 }
 

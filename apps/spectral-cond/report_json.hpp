@@ -212,7 +212,7 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
     uncertain += s.rank_uncertain;
     artefacts += s.artefacts;
     missed += s.missed;
-    worst_real = detail::min_ignoring_nan(worst_real, s.worst_real_ratio);
+    worst_real = min_ignoring_nan(worst_real, s.worst_real_ratio);
     held += s.held;
     violated += s.violated;
     held_plus += s.held_plus;
@@ -220,8 +220,8 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
     inconclusive_plus += s.inconclusive_plus;
     vacuous += s.vacuous;
     inf_j += s.kappa_J_infinite;
-    worst = detail::min_ignoring_nan(worst, s.worst_ratio_plus);
-    best = detail::max_ignoring_nan(best, s.max_ratio_plus);
+    worst = min_ignoring_nan(worst, s.worst_ratio_plus);
+    best = max_ignoring_nan(best, s.max_ratio_plus);
   }
   j["theorem34"] = {{"instances", rep.instances},
                     {"held", held},

@@ -23,10 +23,20 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace spectral_cond {
+
+namespace sweep_steps {
+
+/// Throws std::invalid_argument("fn: msg"), as the library's own option checks do.
+[[noreturn]] inline void invalid_option(const char* fn, const std::string& msg) {
+  throw std::invalid_argument(std::string(fn) + ": " + msg);
+}
+
+}  // namespace sweep_steps
 
 /// Shape class of an instance: N < D ("wide" X), N = D, N > D ("tall" X).
 enum class ShapeClass { Wide, Square, Tall };
@@ -101,19 +111,23 @@ struct VerifyOptions {
   VerifyRechecks rechecks;
 
   void check(const char* fn) const {
-    if (instances_per_regime < 1) detail::fail(fn, "instances_per_regime must be >= 1");
+    if (instances_per_regime < 1)
+      sweep_steps::invalid_option(fn, "instances_per_regime must be >= 1");
     if (shapes.empty() || logit_scales.empty() || weight_scales.empty() || masks.empty() ||
         lambdas.empty())
-      detail::fail(fn, "shapes, logit_scales, weight_scales, masks and lambdas must be non-empty");
+      sweep_steps::invalid_option(
+          fn, "shapes, logit_scales, weight_scales, masks and lambdas must be non-empty");
     for (const VerifyShape& s : shapes)
       if (s.N < 1 || s.D < 1 || s.d_k < 1 || s.d_v < 1)
-        detail::fail(fn, "every shape needs N, D, d_k, d_v >= 1");
+        sweep_steps::invalid_option(fn, "every shape needs N, D, d_k, d_v >= 1");
     for (MaskKind m : masks)
-      if (m == MaskKind::Additive) detail::fail(fn, "masks must be None or Causal");
+      if (m == MaskKind::Additive) sweep_steps::invalid_option(fn, "masks must be None or Causal");
     for (double l : lambdas)
-      if (!(std::isfinite(l) && l >= 0)) detail::fail(fn, "every lambda must be finite and >= 0");
-    if (!(std::isfinite(target) && target > 1)) detail::fail(fn, "target must be > 1");
-    if (!(rel_tol > 0)) detail::fail(fn, "rel_tol must be > 0");
+      if (!(std::isfinite(l) && l >= 0))
+        sweep_steps::invalid_option(fn, "every lambda must be finite and >= 0");
+    if (!(std::isfinite(target) && target > 1))
+      sweep_steps::invalid_option(fn, "target must be > 1");
+    if (!(rel_tol > 0)) sweep_steps::invalid_option(fn, "rel_tol must be > 0");
   }
 };
 
@@ -272,22 +286,11 @@ inline BoundClassification classify_theorem34_plus(const Theorem34Report& t, con
   return c;
 }
 
-namespace detail {
-
-inline std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace detail
-
-/// The seed of instance k of regime number r (its index in verify_sweep's order).
+/// The seed of instance k of regime number r (its index in verify_sweep's order; MATH.md §16,
+/// derived seeds).
 inline std::uint64_t verify_instance_seed(std::uint64_t seed, Index regime, Index k) {
-  return detail::splitmix64(
-      detail::splitmix64(seed ^ detail::splitmix64(static_cast<std::uint64_t>(regime))) +
-      static_cast<std::uint64_t>(k));
+  return splitmix64(splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(regime))) +
+                    static_cast<std::uint64_t>(k));
 }
 
 /// Builds one instance from its regime, shape and seed (deterministic).
@@ -320,7 +323,8 @@ inline VerifyInstance make_verify_instance(const VerifyRegime& regime, const Ver
   return in;
 }
 
-namespace detail {
+/// The steps of verify_sweep: the checks of one instance and the counts they feed.
+namespace sweep_steps {
 
 inline VerifyViolation& record(VerifyReport& rep, RegimeStats& st, const VerifyInstance& in,
                                const std::string& statement, bool proven, const std::string& matrix,
@@ -388,13 +392,6 @@ inline void count_check_rechecked(VerifyReport& rep, RegimeStats& st, const Veri
   VerifyViolation& v = record(rep, st, in, statement, true, matrix, r);
   v.classification = resolved ? "real" : "unresolved";
   v.extended_detail = e.detail;
-}
-
-inline double min_ignoring_nan(double a, double b) {
-  return std::isnan(a) ? b : std::isnan(b) ? a : std::min(a, b);
-}
-inline double max_ignoring_nan(double a, double b) {
-  return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
 }
 
 /// κ(J) of the raw weights beside that of W + λ I_k (t.J), and whether attention collapsed.
@@ -550,7 +547,7 @@ inline void verify_instance(const VerifyInstance& in, const VerifyOptions& o, Ve
   v.extended_detail = e.detail;
 }
 
-}  // namespace detail
+}  // namespace sweep_steps
 
 /// The regimes of a sweep, in the order verify_sweep visits them: shape class (those present
 /// in opts.shapes), c, weight scale, mask, λ.
@@ -587,11 +584,11 @@ inline VerifyReport verify_sweep(const VerifyOptions& o) {
       const VerifyShape& shape = shapes[static_cast<size_t>(k) % shapes.size()];
       const VerifyInstance in = make_verify_instance(
           regimes[r], shape, verify_instance_seed(o.seed, static_cast<Index>(r), k));
-      detail::verify_instance(in, o, rep, st);
+      sweep_steps::verify_instance(in, o, rep, st);
       ++rep.instances;
       if (o.progress) o.progress(static_cast<double>(rep.instances) / static_cast<double>(total));
     }
-    detail::finish_regime(st);
+    sweep_steps::finish_regime(st);
     rep.regimes.push_back(st);
   }
   return rep;
