@@ -1,11 +1,15 @@
 // Layout detection from tensor names (MATH.md §8), slot extraction/insertion and head counts.
 #include <spectral_cond/io/layouts.hpp>
 
+#include "../apps/spectral-cond/layout_wording.hpp"
 #include "support/test_helpers.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <optional>
+#include <set>
 
 using namespace spectral_cond;
 using namespace spectral_cond::io;
@@ -105,7 +109,7 @@ TEST_CASE("errors name the file and tensor") {
                        "hf-bert, whisper, llama, gguf, albert, distilbert, t5, gpt-neox, falcon "
                        "and torch-mha layouts)",
                        IoError);
-  // Names no layout knows: listed, with the flag that maps them.
+  // Names no layout knows: listed, with the layer map that would name them.
   CHECK_THROWS_WITH_AS(
       detect_layers(names({{"enc.0.attention.wq", {4, 4}},
                            {"enc.0.attention.wk", {4, 4}},
@@ -114,8 +118,8 @@ TEST_CASE("errors name the file and tensor") {
                            {"fc.weight", {3, 3}}}),
                     Layout::Auto, "m"),
       doctest::Contains("; tensors that look like attention: enc.0.attention.wq, "
-                        "enc.0.attention.wk, enc.1.attention.wq and 1 more; name them with "
-                        "--map q=REGEX,k=REGEX,v=REGEX (or qkv=REGEX)"),
+                        "enc.0.attention.wk, enc.1.attention.wq and 1 more; name them with a "
+                        "layer map q=REGEX,k=REGEX,v=REGEX (or qkv=REGEX)"),
       IoError);
   // A layer with W_Q but no W_V is an error naming the missing tensor.
   CHECK_THROWS_WITH_AS(
@@ -139,7 +143,7 @@ TEST_CASE("errors name the file and tensor") {
   auto m = detect_layers(names({{"blocks.0.attn.qkv.weight", {30, 10}}}), Layout::Timm, "f");
   HeadConfig hc;
   CHECK_THROWS_WITH_AS(resolve_heads(m.layers[0], hc, "f"),
-                       "f: the number of heads is unknown; pass --heads (and --kv-heads for "
+                       "f: the number of heads is unknown; give it (and the key/value heads of "
                        "grouped-query models) or put a config.json beside the checkpoint",
                        IoError);
   hc.heads = 3;
@@ -461,19 +465,19 @@ TEST_CASE("--map: any model's names by regular expression") {
   REQUIRE(nm.layers.size() == 2);
   CHECK(nm.layers[0].prefix == "encoder");  // the decoder's layers come after the encoder's
   CHECK(nm.layers[1].index == 1);
-  // Errors: a layer without W_V, two tensors for one layer, --layout with --map.
+  // Errors: a layer without W_V, two tensors for one layer, a built-in layout with the map.
   ts.pop_back();
   ts.erase(ts.begin() + 2);
   CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &m),
-                       "f: --map: layer '1' has W_Q enc.1.wq but no v tensor matches", IoError);
+                       "f: layer map: layer '1' has W_Q enc.1.wq but no v tensor matches", IoError);
   const LayerMap loose = parse_layer_map(R"(q=.*wq,k=.*wk,v=.*wv)");
   CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &loose),
-                       doctest::Contains("--map q matches two tensors for layer ''"), IoError);
+                       doctest::Contains("layer map: q matches two tensors for layer ''"), IoError);
   CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Timm, "f", &m),
-                       doctest::Contains("--map replaces the built-in layouts"), IoError);
+                       doctest::Contains("a layer map replaces the built-in layouts"), IoError);
   const LayerMap none = parse_layer_map("q=x,k=y,v=z");
   CHECK_THROWS_WITH_AS(detect_layers(ts, Layout::Auto, "f", &none),
-                       doctest::Contains("--map matched no tensor"), IoError);
+                       doctest::Contains("the layer map matched no tensor"), IoError);
   // A fused tensor, GPT-2 style.
   const LayerMap fused = parse_layer_map(R"(qkv=tr\.(\d+)\.qkv,storage=conv1d)");
   auto fr = detect_layers(names({{"tr.7.qkv", {4, 12}}, {"tr.7.proj", {4, 4}}}), Layout::Auto, "f",
@@ -482,20 +486,20 @@ TEST_CASE("--map: any model's names by regular expression") {
   CHECK(fr.layers[0].index == 7);
   CHECK_FALSE(fr.layers[0].q.transposed);
   CHECK(fr.layers[0].v.offset == 8);
-  // Malformed maps name --map and what is wrong.
-  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b"), "--map: v is missing (q, k and v go together)",
-                       IoError);
-  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=(c"), doctest::Contains("--map: v: not a valid"),
-                       IoError);
-  CHECK_THROWS_WITH_AS(parse_layer_map("x=a"), doctest::Contains("--map: expected q=REGEX"),
+  // Malformed maps say what is wrong.
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b"),
+                       "layer map: v is missing (q, k and v go together)", IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=(c"),
+                       doctest::Contains("layer map: v: not a valid"), IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("x=a"), doctest::Contains("layer map: expected q=REGEX"),
                        IoError);
   CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=c,qkv=d"), doctest::Contains("not both"),
                        IoError);
   CHECK_THROWS_WITH_AS(parse_layer_map("qkv=a,storage=rows"),
                        doctest::Contains("storage must be linear or conv1d"), IoError);
-  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,q=b"), "--map: q given twice", IoError);
+  CHECK_THROWS_WITH_AS(parse_layer_map("q=a,q=b"), "layer map: q given twice", IoError);
   CHECK_THROWS_WITH_AS(parse_layer_map("q=a,k=b,v=c,storage=conv1d"),
-                       "--map: storage=conv1d applies to a fused qkv tensor only", IoError);
+                       "layer map: storage=conv1d applies to a fused qkv tensor only", IoError);
   // W_K and W_V of a layer whose W_Q the expression misses: an error, never a dropped layer.
   const LayerMap partial = parse_layer_map(R"(q=x\.(\d)\.q,k=x\.(\d)\.k,v=x\.(\d)\.v)");
   CHECK_THROWS_WITH_AS(detect_layers(names({{"x.0.q", {4, 4}},
@@ -504,6 +508,152 @@ TEST_CASE("--map: any model's names by regular expression") {
                                             {"x.1.k", {4, 4}},
                                             {"x.1.v", {4, 4}}}),
                                      Layout::Auto, "f", &partial),
-                       "f: --map: layer '1' has x.1.k (k) but no q tensor matches", IoError);
+                       "f: layer map: layer '1' has x.1.k (k) but no q tensor matches", IoError);
   CHECK(parse_layer_map("").empty());
+}
+
+namespace {
+/// The LayoutError that `f` throws, if it throws one.
+std::optional<LayoutError> layout_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const LayoutError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+TEST_CASE("layout errors: the library's message names no flag, the tool's wording does") {
+  const LayerMap sep = parse_layer_map(R"(q=x\.(\d)\.q,k=x\.(\d)\.k,v=x\.(\d)\.v)");
+  const LayerMap loose = parse_layer_map(R"(q=.*wq,k=.*wk,v=.*wv)");
+  const LayerMap fused = parse_layer_map(R"(qkv=.*qkv)");
+  const LayerMap none = parse_layer_map("q=a,k=b,v=c");
+  const std::vector<NamedShape> looks = {{"enc.0.attention.wq", {4, 4}},
+                                         {"enc.0.attention.wk", {4, 4}},
+                                         {"enc.1.attention.wq", {4, 4}},
+                                         {"enc.1.attention.wk", {4, 4}},
+                                         {"fc.weight", {3, 3}}};
+  const std::string all = std::string("auto, ") + kLayoutNames;
+  const auto conv =
+      detect_layers(names({{"blocks.0.attn.qkv.weight", {30, 10}}}), Layout::Timm, "f");
+  struct Case {
+    LayoutProblem problem;
+    std::function<void()> provoke;
+    std::string library, tool;
+  };
+  const std::vector<Case> cases = {
+      {LayoutProblem::UnknownLayout, [] { parse_layout("resnet"); },
+       "unknown layout 'resnet' (expected " + all + "; or a layer map for any other)",
+       "--layout: unknown layout 'resnet' (expected " + all + "; or --map for any other)"},
+      {LayoutProblem::MapSyntax, [] { parse_layer_map("q=a,k=b"); },
+       "layer map: v is missing (q, k and v go together)",
+       "--map: v is missing (q, k and v go together)"},
+      {LayoutProblem::MapSyntax, [] { parse_layer_map("x=a"); },
+       "layer map: expected q=REGEX,k=REGEX,v=REGEX or qkv=REGEX (optionally "
+       "storage=linear|conv1d), got 'x=a'",
+       "--map: expected q=REGEX,k=REGEX,v=REGEX or qkv=REGEX (optionally "
+       "storage=linear|conv1d), got 'x=a'"},
+      {LayoutProblem::MapWithLayout,
+       [&] {
+         detect_layers(names({{"x.0.q", {4, 4}}}), Layout::Timm, "f", &sep);
+       },
+       "a layer map replaces the built-in layouts; it cannot be combined with layout timm",
+       "--map replaces the built-in layouts; drop --layout timm"},
+      {LayoutProblem::MapDuplicate,
+       [&] {
+         detect_layers(names({{"a.wq", {4, 4}}, {"b.wq", {4, 4}}}), Layout::Auto, "f", &loose);
+       },
+       "f: layer map: q matches two tensors for layer '' (a.wq, b.wq); use a capture group for "
+       "the layer number",
+       "f: --map q matches two tensors for layer '' (a.wq, b.wq); use a capture group for the "
+       "layer number"},
+      {LayoutProblem::MapDuplicate,
+       [&] {
+         detect_layers(names({{"a.qkv", {12, 4}}, {"b.qkv", {12, 4}}}), Layout::Auto, "f", &fused);
+       },
+       "f: layer map: qkv matches two tensors for layer '' (a.qkv, b.qkv); use a capture group "
+       "for the layer number",
+       "f: --map qkv: two tensors for layer '' (use a capture group for the layer number)"},
+      {LayoutProblem::MapIncomplete,
+       [&] {
+         detect_layers(names({{"x.1.q", {4, 4}}, {"x.1.k", {4, 4}}}), Layout::Auto, "f", &sep);
+       },
+       "f: layer map: layer '1' has W_Q x.1.q but no v tensor matches",
+       "f: --map: layer '1' has W_Q x.1.q but no v tensor matches"},
+      {LayoutProblem::MapIncomplete,
+       [&] {
+         detect_layers(names({{"x.1.k", {4, 4}}, {"x.1.v", {4, 4}}}), Layout::Auto, "f", &sep);
+       },
+       "f: layer map: layer '1' has x.1.k (k) but no q tensor matches",
+       "f: --map: layer '1' has x.1.k (k) but no q tensor matches"},
+      {LayoutProblem::MapMatchedNothing,
+       [&] {
+         detect_layers(names({{"x.0.q", {4, 4}}}), Layout::Auto, "f", &none);
+       },
+       "f: the layer map matched no tensor (the expressions must match whole names)",
+       "f: --map matched no tensor (the expressions must match whole names)"},
+      {LayoutProblem::SeveralLayouts,
+       [] {
+         detect_layers(
+             names({{"blocks.0.attn.qkv.weight", {12, 4}}, {"h.0.attn.c_attn.weight", {4, 12}}}),
+             Layout::Auto, "f");
+       },
+       "f: tensor names match several layouts (timm, gpt2); choose one",
+       "f: tensor names match several layouts (timm, gpt2); choose one with --layout"},
+      {LayoutProblem::NoLayers, [&] { detect_layers(looks, Layout::Auto, "m"); },
+       "m: no attention layers found (looked for the " + std::string(kLayoutNames) +
+           " layouts); tensors that look like attention: enc.0.attention.wq, enc.0.attention.wk, "
+           "enc.1.attention.wq and 1 more; name them with a layer map q=REGEX,k=REGEX,v=REGEX (or "
+           "qkv=REGEX)",
+       "m: no attention layers found (looked for the " + std::string(kLayoutNames) +
+           " layouts); tensors that look like attention: enc.0.attention.wq, enc.0.attention.wk, "
+           "enc.1.attention.wq and 1 more; name them with --map q=REGEX,k=REGEX,v=REGEX (or "
+           "qkv=REGEX)"},
+      {LayoutProblem::NoLayers,
+       [] {
+         detect_layers(names({{"fc.weight", {3, 3}}}), Layout::Llama, "m");
+       },
+       "m: no attention layers found in layout llama",
+       "m: no attention layers found in layout llama"},
+      {LayoutProblem::HeadsUnknown,
+       [&] {
+         AttentionLayerSpec L = conv.layers[0];
+         resolve_heads(L, HeadConfig{}, "f");
+       },
+       "f: the number of heads is unknown; give it (and the key/value heads of grouped-query "
+       "models) or put a config.json beside the checkpoint",
+       "f: the number of heads is unknown; pass --heads (and --kv-heads for grouped-query "
+       "models) or put a config.json beside the checkpoint"},
+  };
+  std::set<LayoutProblem> seen;
+  for (const Case& c : cases) {
+    CAPTURE(c.tool);
+    const std::optional<LayoutError> e = layout_error(c.provoke);
+    REQUIRE(e.has_value());
+    seen.insert(e->problem);
+    CHECK(to_string(e->problem) == std::string(to_string(c.problem)));
+    const std::string library = e->what();
+    CHECK(library == c.library);
+    CHECK(library.find("--") == std::string::npos);
+    CHECK(cli::layout_message(*e) == c.tool);
+    CHECK(std::string(e->what()) ==
+          LayoutError::message(e->problem, e->file, e->reason, e->value, e->names));
+  }
+  // Every problem kind was provoked, and a LayoutError is still an IoError.
+  for (int p = 0; p <= static_cast<int>(LayoutProblem::HeadsUnknown); ++p)
+    CHECK(seen.count(static_cast<LayoutProblem>(p)) == 1);
+  CHECK_THROWS_AS(parse_layout("resnet"), IoError);
+  // The fields: the value given, and the layer and tensors concerned.
+  const auto dup = layout_error([&] {
+    detect_layers(names({{"a.wq", {4, 4}}, {"b.wq", {4, 4}}}), Layout::Auto, "f", &loose);
+  });
+  REQUIRE(dup.has_value());
+  CHECK(dup->file == "f");
+  CHECK(dup->value == "q");
+  CHECK(dup->names == std::vector<std::string>{"", "a.wq", "b.wq"});
+  const auto syntax = layout_error([] { parse_layer_map("q=a,k=b"); });
+  REQUIRE(syntax.has_value());
+  CHECK(syntax->value == "q=a,k=b");
+  CHECK(syntax->reason == "v is missing (q, k and v go together)");
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cli.hpp"
+#include "layout_wording.hpp"
 
 #include <spectral_cond/io/error.hpp>
 
@@ -24,6 +25,8 @@ inline std::pair<int, std::string> exit_status(const std::exception_ptr& e) {
     std::rethrow_exception(e);
   } catch (const Error& x) {
     return {x.code(), first_line(x.what())};
+  } catch (const io::LayoutError& x) {  // worded with the tool's flags
+    return {kBadInput, first_line(layout_message(x))};
   } catch (const io::IoError& x) {
     return {kBadInput, first_line(x.what())};
   } catch (const std::invalid_argument& x) {  // the library's argument checks

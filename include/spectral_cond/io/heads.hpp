@@ -1,4 +1,4 @@
-// spectral_cond::io: how many heads split a layer's projections: from the command line, a
+// spectral_cond::io: how many heads split a layer's projections: from the caller, a
 // config.json, or a GGUF file's metadata (HeadConfig); checked against the tensors and, for
 // GPT-NeoX and Falcon, used to find Q, K and V in their fused tensor (resolve_heads).
 #pragma once
@@ -18,7 +18,7 @@
 namespace spectral_cond {
 namespace io {
 
-/// Head counts of a model: from the command line or a config.json.
+/// Head counts of a model: from the caller (the tool's --heads) or a config.json.
 struct HeadConfig {
   std::int64_t heads = 0;          ///< 0: unknown
   std::int64_t kv_heads = 0;       ///< 0: equal to heads
@@ -99,20 +99,18 @@ inline void resolve_packing(AttentionLayerSpec& L, const HeadConfig& c,
 
 /// The heads of one layer, checked against its projections: h d_k = width(W_Q),
 /// h_kv d_k = width(W_K), h_kv d_v = width(W_V); h_kv is the config's, else W_K's width / d_k.
-/// A packed layer's slots are filled here (they depend on h). Throws IoError naming the tensor.
+/// A packed layer's slots are filled here (they depend on h). Throws LayoutError (HeadsUnknown)
+/// when c.heads < 1, else IoError naming the tensor and c.source ("the caller" when empty).
 /// Heads split W's columns as MATH.md §8 says.
 inline LayerHeads resolve_heads(AttentionLayerSpec& L, const HeadConfig& c,
                                 const std::string& file) {
-  if (c.heads < 1)
-    throw IoError(file +
-                  ": the number of heads is unknown; pass --heads (and --kv-heads for "
-                  "grouped-query models) or put a config.json beside the checkpoint");
+  if (c.heads < 1) throw LayoutError(LayoutProblem::HeadsUnknown, file, "");
   if (c.hidden > 0 && c.hidden != L.D)
     throw IoError(file + ": " + c.source + " says hidden size " + std::to_string(c.hidden) +
                   " but tensor " + L.q.tensor + " has D = " + std::to_string(L.D));
   auto bad = [&](const std::string& what) {
     throw IoError(file + ": " + what + " (layer " + L.prefix + ", heads from " +
-                  (c.source.empty() ? std::string("--heads") : c.source) + ")");
+                  (c.source.empty() ? std::string("the caller") : c.source) + ")");
   };
   if (L.packed_rows > 0) detail::resolve_packing(L, c, bad);
   LayerHeads h;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spectral_cond {
@@ -30,7 +31,7 @@ enum class Layout {
   Map
 };
 
-/// The --layout names, for messages.
+/// The built-in layouts' names, for messages (in the order detect_layers tries them).
 inline constexpr const char* kLayoutNames =
     "timm, gpt2, hf-bert, whisper, llama, gguf, albert, distilbert, t5, gpt-neox, falcon and "
     "torch-mha";
@@ -69,14 +70,17 @@ inline const char* to_string(Layout l) {
   return "unknown";
 }
 
-/// Parses a --layout value; throws IoError listing the accepted names.
+/// The layout named `s` (to_string's names: "auto" or a built-in layout's; "map" is not one).
+/// Throws LayoutError (UnknownLayout) listing the accepted names.
 inline Layout parse_layout(const std::string& s) {
-  for (Layout l : {Layout::Auto, Layout::TorchMHA, Layout::Timm, Layout::HfBert, Layout::Gpt2,
+  std::vector<std::string> accepted;
+  for (Layout l : {Layout::Auto, Layout::Timm, Layout::Gpt2, Layout::HfBert, Layout::Whisper,
                    Layout::Llama, Layout::Gguf, Layout::Albert, Layout::DistilBert, Layout::T5,
-                   Layout::GptNeox, Layout::Falcon, Layout::Whisper})
+                   Layout::GptNeox, Layout::Falcon, Layout::TorchMHA}) {  // kLayoutNames' order
     if (s == to_string(l)) return l;
-  throw IoError("--layout: unknown layout " + detail::quote(s) + " (expected auto, " +
-                kLayoutNames + "; or --map for any other)");
+    accepted.push_back(to_string(l));
+  }
+  throw LayoutError(LayoutProblem::UnknownLayout, "", "", s, std::move(accepted));
 }
 
 /// A tensor's name and shape, all that layout detection looks at.

@@ -16,7 +16,7 @@
 // | falcon     | …h.i.self_attention.query_key_value.weight (BLOOM too) | (h + 2 h_kv) d x D, per group |
 // | whisper    | …{encoder,decoder}.layers.i.{self_attn,encoder_attn}.{q,k,v}_proj.weight | Linear; cross-attention too |
 // | torch-mha  | …in_proj_weight                                        | 3D x D, rows Q, K, V       |
-// | map        | --map q=REGEX,k=REGEX,v=REGEX or qkv=REGEX             | Linear, or storage=conv1d  |
+// | map        | a layer map q=REGEX,k=REGEX,v=REGEX or qkv=REGEX       | Linear, or storage=conv1d  |
 //
 // A Linear weight is out x in, so W = weight^T; GPT-2's Conv1D is already in x out.
 // clang-format on
@@ -58,19 +58,19 @@ inline bool attention_candidate(const std::string& name) {
 /// Finds the attention layers of a checkpoint from its tensor names (MATH.md §8). With
 /// Layout::Auto every built-in layout is tried and exactly one must match (a layout whose
 /// tensors another also claims, such as llama's within whisper's, gives way to it); otherwise the
-/// requested one must; a non-empty `map` (--map) replaces them all. `file` names the checkpoint
-/// in error messages.
+/// requested one must; a non-empty layer `map` replaces them all. `file` names the checkpoint
+/// in error messages. Throws LayoutError when the layers cannot be found: MapWithLayout,
+/// MapMatchedNothing, MapDuplicate, MapIncomplete, SeveralLayouts, NoLayers; IoError when a
+/// matched tensor has the wrong shape.
 inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout requested,
                                  const std::string& file, const LayerMap* map = nullptr) {
   LayoutMatch result;
   if (map && !map->empty()) {
     if (requested != Layout::Auto)
-      throw IoError(std::string("--map replaces the built-in layouts; drop --layout ") +
-                    to_string(requested));
+      throw LayoutError(LayoutProblem::MapWithLayout, "", "", to_string(requested));
     result.layout = Layout::Map;
     result.layers = detail::number_layers(detail::match_map(tensors, *map, file));
-    if (result.layers.empty())
-      throw IoError(file + ": --map matched no tensor (the expressions must match whole names)");
+    if (result.layers.empty()) throw LayoutError(LayoutProblem::MapMatchedNothing, file, "");
     return result;
   }
   // Name lookups through a hash map of views into `tensors` (linear, no copies).
@@ -110,9 +110,11 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
     }
     if (!subsumed) kept.push_back(&a);
   }
-  if (kept.size() > 1)
-    throw IoError(file + ": tensor names match several layouts (" + to_string(kept[0]->layout) +
-                  ", " + to_string(kept[1]->layout) + "); choose one with --layout");
+  if (kept.size() > 1) {
+    std::vector<std::string> names;
+    for (const Candidate* c : kept) names.push_back(to_string(c->layout));
+    throw LayoutError(LayoutProblem::SeveralLayouts, file, "", "", std::move(names));
+  }
   if (!kept.empty()) {
     result.layout = kept[0]->layout;
     result.layers = detail::number_layers(std::move(const_cast<Candidate*>(kept[0])->found));
@@ -128,17 +130,17 @@ inline LayoutMatch detect_layers(const std::vector<NamedShape>& tensors, Layout 
         ++n_looks;
         break;
       }
-  std::string msg =
-      file + ": no attention layers found" +
+  std::string reason =
+      "no attention layers found" +
       (requested == Layout::Auto ? std::string(" (looked for the ") + kLayoutNames + " layouts)"
                                  : std::string(" in layout ") + to_string(requested));
   if (!looks.empty()) {
-    msg += "; tensors that look like attention: ";
-    for (std::size_t i = 0; i < looks.size(); ++i) msg += (i ? ", " : "") + looks[i];
-    if (n_looks > looks.size()) msg += " and " + std::to_string(n_looks - looks.size()) + " more";
-    msg += "; name them with --map q=REGEX,k=REGEX,v=REGEX (or qkv=REGEX)";
+    reason += "; tensors that look like attention: ";
+    for (std::size_t i = 0; i < looks.size(); ++i) reason += (i ? ", " : "") + looks[i];
+    if (n_looks > looks.size())
+      reason += " and " + std::to_string(n_looks - looks.size()) + " more";
   }
-  throw IoError(msg);
+  throw LayoutError(LayoutProblem::NoLayers, file, reason, to_string(requested), looks);
 }
 
 }  // namespace io

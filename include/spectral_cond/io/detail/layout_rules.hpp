@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -341,7 +342,7 @@ inline std::vector<Found> match_rule(
   return out;
 }
 
-/// The layers a --map finds.
+/// The layers a layer map finds.
 inline std::vector<Found> match_map(const std::vector<NamedShape>& ts, const LayerMap& map,
                                     const std::string& file) {
   auto id_of = [](const std::smatch& sm) {
@@ -360,14 +361,15 @@ inline std::vector<Found> match_map(const std::vector<NamedShape>& ts, const Lay
     return f;
   };
   if (!map.qkv.empty()) {
-    std::set<std::string> ids;
+    std::map<std::string, std::string> ids;  // the layer's id and its tensor
     for (const NamedShape& t : ts) {
       std::smatch sm;
       if (t.name.size() > kMaxMappedName || !std::regex_match(t.name, sm, map.qkv_re)) continue;
       const std::string id = id_of(sm);
-      if (!ids.insert(id).second)
-        throw IoError(file + ": --map qkv: two tensors for layer " + quote(id) +
-                      " (use a capture group for the layer number)");
+      const auto [first, fresh] = ids.emplace(id, t.name);
+      if (!fresh)
+        throw LayoutError(LayoutProblem::MapDuplicate, file, "", "qkv",
+                          {id, first->second, t.name});
       Found f = found(id.empty() ? t.name : id);
       fused_slots(f.spec, t, map.conv1d ? Storage::FusedConv1d : Storage::FusedRows, file);
       out.push_back(std::move(f));
@@ -384,21 +386,24 @@ inline std::vector<Found> match_map(const std::vector<NamedShape>& ts, const Lay
       if (!std::regex_match(t.name, sm, *res[r])) continue;
       const std::string id = id_of(sm);
       if (!role[r].emplace(id, &t).second)
-        throw IoError(file + ": --map " + roles[r] + " matches two tensors for layer " + quote(id) +
-                      " (" + role[r][id]->name + ", " + t.name +
-                      "); use a capture group for the layer number");
+        throw LayoutError(LayoutProblem::MapDuplicate, file, "", roles[r],
+                          {id, role[r][id]->name, t.name});
     }
   }
   for (int r = 1; r < 3; ++r)
     for (const auto& kv : role[r])
       if (!role[0].count(kv.first))
-        throw IoError(file + ": --map: layer " + quote(kv.first) + " has " + kv.second->name +
-                      " (" + roles[r] + ") but no q tensor matches");
+        throw LayoutError(LayoutProblem::MapIncomplete, file,
+                          "layer " + quote(kv.first) + " has " + kv.second->name + " (" + roles[r] +
+                              ") but no q tensor matches",
+                          "q", {kv.first, kv.second->name, roles[r]});
   for (const auto& [id, q] : role[0]) {
     for (int r = 1; r < 3; ++r)
       if (!role[r].count(id))
-        throw IoError(file + ": --map: layer " + quote(id) + " has W_Q " + q->name + " but no " +
-                      roles[r] + " tensor matches");
+        throw LayoutError(LayoutProblem::MapIncomplete, file,
+                          "layer " + quote(id) + " has W_Q " + q->name + " but no " + roles[r] +
+                              " tensor matches",
+                          roles[r], {id, q->name, "q"});
     Found f = found(id.empty() ? q->name : id);
     separate_slots(f.spec, *q, *role[1][id], *role[2][id], file);
     out.push_back(std::move(f));
