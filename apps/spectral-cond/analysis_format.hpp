@@ -4,6 +4,7 @@
 #pragma once
 
 #include "analysis.hpp"
+#include "number_text.hpp"
 #include "report_json.hpp"
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,9 @@ namespace spectral_cond::cli {
 
 /// The version of the JSON and CSV layouts; bumped on any incompatible change.
 inline constexpr int kAnalyzeFormatVersion = 2;
+
+/// Significant digits of the tables' numbers.
+inline constexpr int kTableDigits = 4;
 
 namespace detail_fmt {
 
@@ -156,8 +160,8 @@ inline std::string model_text(const LayerStats& L) {
   if (!z.empty()) o << " (" << z << " all zero, left out)";
   if (m.rope) {
     o << (b.empty() ? ", with" : " and") << " RoPE " << to_string(m.rope->pairing) << " (theta "
-      << m.rope->theta << ", " << m.rope->resolved_dims(L.heads.d_k) << " of " << L.heads.d_k
-      << " columns; " << m.rope_source << ")";
+      << number_text(m.rope->theta, 6) << ", " << m.rope->resolved_dims(L.heads.d_k) << " of "
+      << L.heads.d_k << " columns; " << m.rope_source << ")";
   } else {
     o << (b.empty() ? " or RoPE" : ", without RoPE");
     if (!m.rope_source.empty()) o << " (" << m.rope_source << ")";
@@ -246,12 +250,9 @@ inline std::string reports_json(const std::vector<CheckpointReport>& reps,
 
 namespace detail_fmt {
 
-inline std::string g(double x, int prec = 17) {
-  if (std::isnan(x)) return "";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  std::ostringstream s;
-  s << std::setprecision(prec) << x;
-  return s.str();
+/// A CSV number: round-trip digits, and an empty field for NaN (docs/checkpoints.md).
+inline std::string csv_number(double x) {
+  return std::isnan(x) ? "" : number_text(x, 17);
 }
 
 inline std::string csv_field(const std::string& s) {
@@ -266,7 +267,7 @@ inline std::string csv_field(const std::string& s) {
 /// One CSV row per (checkpoint, layer, head, matrix) and per Jacobian (matrix "J").
 inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
   using detail_fmt::csv_field;
-  using detail_fmt::g;
+  using detail_fmt::csv_number;
   std::ostringstream o;
   o << "checkpoint,layer,head,kv_head,matrix,tensor,rows,cols,sigma_max,sigma_min,kappa,"
        "kappa_plus,rank,kappa_lambda_fused,weyl_bound_fused,kappa_lambda_per_head,"
@@ -279,11 +280,12 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
                      Index cols) {
         o << csv_field(rep.path) << ',' << L.spec.index << ',' << head << ',' << kv << ',' << m.role
           << ',' << csv_field(m.tensor) << ',' << L.spec.D << ',' << cols << ','
-          << g(m.cond.sigma_max) << ',' << g(m.cond.sigma_min) << ',' << g(m.cond.kappa) << ','
-          << g(m.cond.kappa_plus) << ',' << m.cond.rank << ',' << g(m.fused.kappa) << ','
-          << g(m.fused.weyl_bound) << ',' << g(m.per_head.kappa) << ',' << g(m.per_head.weyl_bound)
-          << ',' << g(m.exact_kappa) << ',' << g(m.exact_predicted) << ',' << m.cond.method
-          << ",,,,,,,,,,,\n";
+          << csv_number(m.cond.sigma_max) << ',' << csv_number(m.cond.sigma_min) << ','
+          << csv_number(m.cond.kappa) << ',' << csv_number(m.cond.kappa_plus) << ',' << m.cond.rank
+          << ',' << csv_number(m.fused.kappa) << ',' << csv_number(m.fused.weyl_bound) << ','
+          << csv_number(m.per_head.kappa) << ',' << csv_number(m.per_head.weyl_bound) << ','
+          << csv_number(m.exact_kappa) << ',' << csv_number(m.exact_predicted) << ','
+          << m.cond.method << ",,,,,,,,,,,\n";
       };
       row("all", "all", L.q, L.spec.q.width);
       row("all", "all", L.k, L.spec.k.width);
@@ -299,19 +301,19 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
         o << csv_field(rep.path) << ',' << L.spec.index << ',' << j.head << ',' << j.kv_head << ','
           << matrix << ",," << jacobian_rows(L.tokens, L.heads.d_v) << ','
           << jacobian_cols(JacobianBlock::All, L.tokens, L.spec.D, L.heads.d_k, L.heads.d_v) << ','
-          << g(J.sigma_max) << ',' << g(J.sigma_min) << ',' << g(J.kappa) << ',' << g(J.kappa_plus)
-          << ',' << J.rank << ",,,,,,," << csv_field(J.method) << ',' << g(t.bound) << ','
-          << g(t.bound_plus) << ','
+          << csv_number(J.sigma_max) << ',' << csv_number(J.sigma_min) << ',' << csv_number(J.kappa)
+          << ',' << csv_number(J.kappa_plus) << ',' << J.rank << ",,,,,,," << csv_field(J.method)
+          << ',' << csv_number(t.bound) << ',' << csv_number(t.bound_plus) << ','
           << (!t.bound_applies ? "n/a"
               : t.holds_plus   ? "true"
                                : "false");
         if (t.have_diagnostics) {
           const AttentionPattern& p = t.diagnostics.pattern;
-          o << ',' << g(t.free_bound.bound) << ','
-            << (free_bound_holds(t.free_bound, J) ? "true" : "false") << ',' << g(p.row_max_min)
-            << ',' << g(p.row_max_mean) << ',' << g(p.entropy_mean) << ','
-            << g(p.saturated_fraction) << ',' << p.saturated_diagonal << ','
-            << g(t.diagnostics.norms.ratio_QK_V) << ','
+          o << ',' << csv_number(t.free_bound.bound) << ','
+            << (free_bound_holds(t.free_bound, J) ? "true" : "false") << ','
+            << csv_number(p.row_max_min) << ',' << csv_number(p.row_max_mean) << ','
+            << csv_number(p.entropy_mean) << ',' << csv_number(p.saturated_fraction) << ','
+            << p.saturated_diagonal << ',' << csv_number(t.diagnostics.norms.ratio_QK_V) << ','
             << (t.diagnostics.collapsed ? "true" : "false");
         } else {
           o << ",,,,,,,,,";
@@ -330,7 +332,6 @@ inline std::string reports_csv(const std::vector<CheckpointReport>& reps) {
 /// With --blocks: κ and κ₊ of J_Q, J_K and J_V of every head (MATH.md §5), as in JSON's "blocks".
 inline std::string jacobian_blocks_table(const CheckpointReport& rep) {
   std::ostringstream o;
-  auto k = [](double x) { return detail_fmt::g(x, 4); };
   bool any = false;
   for (const LayerStats& L : rep.layers)
     for (const JacobianStats& j : L.jacobian) any = any || j.report.have_blocks;
@@ -346,7 +347,8 @@ inline std::string jacobian_blocks_table(const CheckpointReport& rep) {
       if (!t.have_blocks) continue;
       o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right;
       for (const ConditionResult<double>* c : {&t.JQ, &t.JK, &t.JV})
-        o << std::setw(12) << k(c->kappa) << std::setw(12) << k(c->kappa_plus);
+        o << std::setw(12) << number_text(c->kappa, kTableDigits) << std::setw(12)
+          << number_text(c->kappa_plus, kTableDigits);
       o << '\n';
     }
   return o.str();
@@ -356,12 +358,11 @@ inline std::string jacobian_blocks_table(const CheckpointReport& rep) {
 /// the attention pattern of every head (MATH.md §5, §11).
 inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
   std::ostringstream o;
-  auto k = [](double x) { return detail_fmt::g(x, 4); };
   bool any_corr = false;
   for (const LayerStats& L : rep.layers)
     for (const JacobianStats& j : L.jacobian) any_corr = any_corr || !j.corrected.empty();
   if (any_corr) {
-    o << "\nkappa(J) before and after the corrections (lambda = " << rep.lambda
+    o << "\nkappa(J) before and after the corrections (lambda = " << number_text(rep.lambda, 6)
       << "), with the bound without hypothesis b = sigma_max(J)/sigma_N(P X) (MATH.md §5; inf: "
          "N > D or P X singular):\n";
     o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(18)
@@ -374,10 +375,10 @@ inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
       if (j.corrected.empty()) continue;
       auto row = [&](const std::string& what, const Theorem34Report& t) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(11) << k(t.J.kappa) << std::setw(11)
-          << k(t.J.kappa_plus) << std::setw(11)
-          << (t.have_diagnostics ? k(t.free_bound.bound) : std::string("-")) << std::setw(11)
-          << k(t.X.kappa) << std::setw(11)
+          << what << std::right << std::setw(11) << number_text(t.J.kappa, kTableDigits)
+          << std::setw(11) << number_text(t.J.kappa_plus, kTableDigits) << std::setw(11)
+          << (t.have_diagnostics ? number_text(t.free_bound.bound, kTableDigits) : std::string("-"))
+          << std::setw(11) << number_text(t.X.kappa, kTableDigits) << std::setw(11)
           << (t.have_diagnostics ? (t.diagnostics.collapsed ? "YES" : "no") : "-") << '\n';
       };
       row("original", j.report);
@@ -401,10 +402,12 @@ inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
         if (!t.have_diagnostics) return;
         const AttentionPattern& p = t.diagnostics.pattern;
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(12) << k(p.row_max_min) << std::setw(12)
-          << k(p.row_max_mean) << std::setw(12) << k(p.entropy_mean) << std::setw(12)
+          << what << std::right << std::setw(12) << number_text(p.row_max_min, kTableDigits)
+          << std::setw(12) << number_text(p.row_max_mean, kTableDigits) << std::setw(12)
+          << number_text(p.entropy_mean, kTableDigits) << std::setw(12)
           << (std::to_string(p.saturated) + "/" + std::to_string(p.rows)) << std::setw(12)
-          << p.saturated_diagonal << std::setw(14) << k(t.diagnostics.norms.ratio_QK_V) << '\n';
+          << p.saturated_diagonal << std::setw(14)
+          << number_text(t.diagnostics.norms.ratio_QK_V, kTableDigits) << '\n';
         if (!t.diagnostics.note.empty())
           notes.push_back("layer " + std::to_string(L.spec.index) + " head " +
                           std::to_string(j.head) + " (" + what + "): " + t.diagnostics.note);
@@ -423,16 +426,16 @@ inline std::string jacobian_corrections_table(const CheckpointReport& rep) {
 
 /// A human-readable table, with a legend.
 inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
-  using detail_fmt::g;
   std::ostringstream o;
-  auto k = [](double x) { return detail_fmt::g(x, 4); };
   auto weyl = [&](const CorrectedKappa& c) {
-    return k(c.kappa) + (c.weyl_applies ? " (<=" + k(c.weyl_bound) + ")" : " (no bound)");
+    return number_text(c.kappa, kTableDigits) +
+           (c.weyl_applies ? " (<=" + number_text(c.weyl_bound, kTableDigits) + ")"
+                           : " (no bound)");
   };
   for (const auto& rep : reps) {
     o << rep.path << ": " << to_string(rep.kind) << ", layout " << io::to_string(rep.layout) << ", "
       << rep.layers.size() << " layer(s) analysed, heads from " << rep.head_config.source
-      << ", lambda = " << rep.lambda << "\n\n";
+      << ", lambda = " << number_text(rep.lambda, 6) << "\n\n";
     o << std::left << std::setw(6) << "layer" << std::setw(6) << "head" << std::setw(5) << "W"
       << std::setw(11) << "shape" << std::right << std::setw(11) << "sigma_max" << std::setw(11)
       << "sigma_min" << std::setw(11) << "kappa" << std::setw(24) << "+lambda I fused"
@@ -442,9 +445,11 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << head << std::setw(5)
           << m.role.substr(2) << std::setw(11)
           << (std::to_string(L.spec.D) + "x" + std::to_string(cols)) << std::right << std::setw(11)
-          << k(m.cond.sigma_max) << std::setw(11) << k(m.cond.sigma_min) << std::setw(11)
-          << k(m.cond.kappa) << std::setw(24) << weyl(m.fused) << std::setw(24) << weyl(m.per_head)
-          << std::setw(10) << k(m.exact_kappa) << '\n';
+          << number_text(m.cond.sigma_max, kTableDigits) << std::setw(11)
+          << number_text(m.cond.sigma_min, kTableDigits) << std::setw(11)
+          << number_text(m.cond.kappa, kTableDigits) << std::setw(24) << weyl(m.fused)
+          << std::setw(24) << weyl(m.per_head) << std::setw(10)
+          << number_text(m.exact_kappa, kTableDigits) << '\n';
       };
       row("all", L.q, L.spec.q.width);
       row("all", L.k, L.spec.k.width);
@@ -490,15 +495,19 @@ inline std::string reports_table(const std::vector<CheckpointReport>& reps) {
           const Theorem34Report& r = j.report;
           std::string m = r.J.method;
           o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right
-            << std::setw(11) << k(r.J.kappa) << std::setw(11) << k(r.J.kappa_plus) << std::setw(7)
-            << r.J.rank << std::setw(10) << k(r.X.kappa) << std::setw(10) << k(r.Lambda.kappa_plus)
-            << std::setw(10) << k(r.WQ.kappa) << std::setw(10) << k(r.WK.kappa) << std::setw(10)
-            << k(r.WV.kappa) << std::setw(10) << k(r.P.kappa_plus) << std::setw(11)
-            << k(r.bound_plus) << std::setw(7)
+            << std::setw(11) << number_text(r.J.kappa, kTableDigits) << std::setw(11)
+            << number_text(r.J.kappa_plus, kTableDigits) << std::setw(7) << r.J.rank
+            << std::setw(10) << number_text(r.X.kappa, kTableDigits) << std::setw(10)
+            << number_text(r.Lambda.kappa_plus, kTableDigits) << std::setw(10)
+            << number_text(r.WQ.kappa, kTableDigits) << std::setw(10)
+            << number_text(r.WK.kappa, kTableDigits) << std::setw(10)
+            << number_text(r.WV.kappa, kTableDigits) << std::setw(10)
+            << number_text(r.P.kappa_plus, kTableDigits) << std::setw(11)
+            << number_text(r.bound_plus, kTableDigits) << std::setw(7)
             << (!r.bound_applies ? "n/a"
                 : r.holds_plus   ? "yes"
                                  : "NO")
-            << "  " << m << " (" << g(j.seconds, 3) << " s)\n";
+            << "  " << m << " (" << number_text(j.seconds, 3) << " s)\n";
           any_na = any_na || !r.bound_applies;
         }
       if (any_na)

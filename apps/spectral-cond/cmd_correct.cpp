@@ -18,6 +18,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "index_selection.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>
@@ -94,11 +95,11 @@ std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
 
 void run_correct(const CorrectArgs& a, bool target_set) {
   if (!(std::isfinite(a.lambda) && a.lambda >= 0))
-    throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(a.lambda) + ")");
+    throw BadInput("--lambda must be finite and >= 0 (got " + number_text(a.lambda, 6) + ")");
   std::optional<double> target;
   if (target_set) {
     if (!(std::isfinite(a.target) && a.target > 1))
-      throw BadInput("--target must be finite and > 1 (got " + std::to_string(a.target) + ")");
+      throw BadInput("--target must be finite and > 1 (got " + number_text(a.target, 6) + ")");
     if (a.method != "exact") throw BadInput("--target applies to --method exact only");
     target = a.target;
   }
@@ -230,8 +231,8 @@ void run_correct(const CorrectArgs& a, bool target_set) {
   bar.done();
   std::cout << "corrected " << modified.size() << " tensor(s) in " << todo.size()
             << " attention layer(s) of " << a.checkpoint << " (method " << a.method;
-  if (a.method == "lambda") std::cout << ", lambda = " << a.lambda;
-  if (target) std::cout << ", target = " << *target;
+  if (a.method == "lambda") std::cout << ", lambda = " << number_text(a.lambda, 6);
+  if (target) std::cout << ", target = " << number_text(*target, 6);
   std::cout << ", placement " << a.placement << "); wrote " << out.size() << " tensors to " << a.out
             << config_note << '\n';
 }

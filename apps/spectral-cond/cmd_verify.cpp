@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "extended_rechecks.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 #include "report_json.hpp"
 
@@ -48,19 +49,8 @@ struct VerifyArgs {
   bool quiet = false;
 };
 
-std::string num(double v, int digits = 4) {
-  if (std::isnan(v)) return "-";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream s;
-  s << std::setprecision(digits) << v;
-  return s.str();
-}
-
-std::string lambda_str(double l) {
-  std::ostringstream s;
-  s << l;
-  return s.str();
-}
+/// Significant digits of the table's ratios and κ; λ and c are echoed with std::ostream's 6.
+constexpr int kDigits = 4, kOptionDigits = 6;
 
 void make_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
@@ -94,7 +84,6 @@ void dump_instances(const std::string& dump, const VerifyReport& rep) {
 /// How to reproduce a violation: a `kappa --bound` command when its inputs were dumped.
 std::string hint(const VerifyArgs& a, const VerifyViolation& v) {
   std::ostringstream s;
-  s << std::setprecision(17);
   if (a.dump.empty()) {
     s << "rebuild with make_verify_instance(regime, {" << v.shape.N << ", " << v.shape.D << ", "
       << v.shape.d_k << ", " << v.shape.d_v << "}, " << v.seed
@@ -103,8 +92,8 @@ std::string hint(const VerifyArgs& a, const VerifyViolation& v) {
   }
   const std::string d = instance_dir(a.dump, v);
   s << "spectral-cond kappa --x " << d << "/X.npy --wq " << d << "/WQ.npy --wk " << d
-    << "/WK.npy --wv " << d << "/WV.npy --scale " << v.c << " --mask " << to_string(v.regime.mask)
-    << " --method dense --bound";
+    << "/WK.npy --wv " << d << "/WV.npy --scale " << number_text(v.c, 17) << " --mask "
+    << to_string(v.regime.mask) << " --method dense --bound";
   return s.str();
 }
 
@@ -134,7 +123,8 @@ void print_marginal(std::ostream& o, const char* title, const VerifyReport& rep,
   for (const std::string& k : order) {
     const Marginal& g = m[k];
     o << "  " << k << ": " << g.held << "/" << g.violated << "/" << g.inconclusive << "/"
-      << g.unresolved << " (artefacts " << g.artefacts << ", worst " << num(g.worst) << ")";
+      << g.unresolved << " (artefacts " << g.artefacts << ", worst "
+      << number_text(g.worst, kDigits) << ")";
   }
   o << '\n';
 }
@@ -156,9 +146,10 @@ std::string lambda_effect_table(const VerifyReport& rep) {
     if (r.lambda == 0) continue;
     o << std::left << std::setw(6) << to_string(r.shape) << std::setw(13) << to_string(r.c)
       << std::setw(11) << to_string(r.weights) << std::setw(8) << to_string(r.mask) << std::setw(7)
-      << lambda_str(r.lambda) << std::right << std::setw(4) << s.instances << std::setw(14)
-      << num(s.median_kappa_J_before) << std::setw(14) << num(s.median_kappa_J_after)
-      << std::setw(9) << s.lowered << std::setw(11) << s.collapsed << '\n';
+      << number_text(r.lambda, kOptionDigits) << std::right << std::setw(4) << s.instances
+      << std::setw(14) << number_text(s.median_kappa_J_before, kDigits) << std::setw(14)
+      << number_text(s.median_kappa_J_after, kDigits) << std::setw(9) << s.lowered << std::setw(11)
+      << s.collapsed << '\n';
     n += s.instances;
     lowered += s.lowered;
     collapsed += s.collapsed;
@@ -191,13 +182,14 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
     const VerifyRegime& r = s.regime;
     o << std::left << std::setw(6) << to_string(r.shape) << std::setw(13) << to_string(r.c)
       << std::setw(11) << to_string(r.weights) << std::setw(8) << to_string(r.mask) << std::setw(7)
-      << lambda_str(r.lambda) << std::right << std::setw(4) << s.instances << std::setw(9) << s.held
-      << std::setw(10) << s.held_plus << std::setw(9) << s.violated_plus << std::setw(8)
-      << s.inconclusive_plus << std::setw(12) << num(s.worst_ratio_plus) << std::setw(12)
-      << num(s.max_ratio_plus) << std::setw(6) << s.final_violated + s.final_unchecked
-      << std::setw(5) << s.artefacts << std::setw(7) << s.final_unresolved << std::setw(12)
-      << num(s.worst_real_ratio) << std::setw(10) << s.kappa_J_infinite << std::setw(6)
-      << s.proven_failures << '\n';
+      << number_text(r.lambda, kOptionDigits) << std::right << std::setw(4) << s.instances
+      << std::setw(9) << s.held << std::setw(10) << s.held_plus << std::setw(9) << s.violated_plus
+      << std::setw(8) << s.inconclusive_plus << std::setw(12)
+      << number_text(s.worst_ratio_plus, kDigits) << std::setw(12)
+      << number_text(s.max_ratio_plus, kDigits) << std::setw(6)
+      << s.final_violated + s.final_unchecked << std::setw(5) << s.artefacts << std::setw(7)
+      << s.final_unresolved << std::setw(12) << number_text(s.worst_real_ratio, kDigits)
+      << std::setw(10) << s.kappa_J_infinite << std::setw(6) << s.proven_failures << '\n';
   }
   Index t_held = 0, t_real = 0, t_inc = 0, t_unres = 0, t_art = 0, t_unchecked = 0, t_rechk = 0,
         t_uncertain = 0, t_missed = 0;
@@ -220,7 +212,7 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
   if (t_unchecked > 0) o << ", " << t_unchecked << " float64 violations unchecked";
   o << "; " << t_art << " float64 violations were artefacts; " << t_rechk
     << " instances re-checked (" << t_uncertain << " with an uncertain rank decision, " << t_missed
-    << " violations float64 missed); worst real ratio " << num(t_worst) << "\n";
+    << " violations float64 missed); worst real ratio " << number_text(t_worst, kDigits) << "\n";
   o << "\nThe same, held/violated/inconclusive/unresolved (artefacts, worst real ratio), by:\n";
   print_marginal(o, "shape class", rep, [](const VerifyRegime& r) { return to_string(r.shape); });
   print_marginal(o, "c", rep, [](const VerifyRegime& r) { return std::string(to_string(r.c)); });
@@ -228,7 +220,8 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
                  [](const VerifyRegime& r) { return std::string(to_string(r.weights)); });
   print_marginal(o, "mask", rep,
                  [](const VerifyRegime& r) { return std::string(to_string(r.mask)); });
-  print_marginal(o, "lambda", rep, [](const VerifyRegime& r) { return lambda_str(r.lambda); });
+  print_marginal(o, "lambda", rep,
+                 [](const VerifyRegime& r) { return number_text(r.lambda, kOptionDigits); });
 
   o << "\nProven statements (a violation is a bug: exit 3)\n";
   o << "  " << std::left << std::setw(44) << "statement" << std::right << std::setw(8) << "held"
@@ -259,9 +252,10 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
     if (++listed[v.statement] > a.max_listed) continue;
     o << "  [" << v.statement << (v.proven ? ", BUG" : ", finding") << ", " << v.classification
       << "] seed " << v.seed << ", N = " << v.shape.N << ", D = " << v.shape.D
-      << ", d_k = " << v.shape.d_k << ", d_v = " << v.shape.d_v << ", c = " << num(v.c, 6)
-      << ", W scale " << to_string(v.regime.weights) << ", mask " << to_string(v.regime.mask)
-      << ", lambda " << lambda_str(v.regime.lambda) << (v.matrix.empty() ? "" : ", " + v.matrix)
+      << ", d_k = " << v.shape.d_k << ", d_v = " << v.shape.d_v
+      << ", c = " << number_text(v.c, kOptionDigits) << ", W scale " << to_string(v.regime.weights)
+      << ", mask " << to_string(v.regime.mask) << ", lambda "
+      << number_text(v.regime.lambda, kOptionDigits) << (v.matrix.empty() ? "" : ", " + v.matrix)
       << ": " << v.detail << '\n';
     if (!v.extended_detail.empty()) o << "      " << v.extended_detail << '\n';
     o << "      " << hint(a, v) << '\n';
