@@ -7,7 +7,7 @@
 #pragma once
 
 #include <spectral_cond/conditioning/bound.hpp>
-#include "verify_sweep.hpp"
+#include "verify_types.hpp"
 
 #include <nlohmann/json.hpp>
 
