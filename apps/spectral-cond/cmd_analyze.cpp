@@ -15,10 +15,12 @@
 // only every N-th κ(J) work item (one per head) from the I-th, for a JSON report that
 // `spectral-cond merge` unites with the others into the unsharded one (merge.hpp);
 // spectral-cond-mpi does both over MPI ranks.
+#include "analysis.hpp"
 #include "analysis_cli.hpp"
 #include "analysis_format.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "device.hpp"
 #include "number_text.hpp"
 #include "progress.hpp"
 #include "run.hpp"

@@ -14,7 +14,7 @@
 // the "__metadata__" is kept as it is, and the file is written atomically (temporary file and
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
-#include "analysis.hpp"
+#include "analysis_inputs.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "index_selection.hpp"
