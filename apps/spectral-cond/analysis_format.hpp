@@ -4,8 +4,6 @@
 
 #include "analysis_types.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,9 +19,6 @@ inline constexpr int kAnalyzeFormatVersion = 2;
 /// merge field by field (merge.hpp).
 std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_t shard_index = 0,
                          std::uint64_t shard_count = 1);
-
-/// The text of an analyze JSON document (also of merged shards: merge.hpp).
-std::string analyze_json_text(const nlohmann::json& doc);
 
 /// One CSV row per (checkpoint, layer, head, matrix) and per Jacobian (matrix "J").
 std::string reports_csv(const std::vector<CheckpointReport>& reps);

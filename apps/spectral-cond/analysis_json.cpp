@@ -10,97 +10,72 @@
 namespace spectral_cond::cli {
 namespace {
 
-nlohmann::json num(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return x;
-}
-
+/// κ of W + λ E and its Weyl bound (CorrectedKappa, docs/checkpoints.md: CORRECTED).
 nlohmann::json corrected_json(const CorrectedKappa& c) {
-  return {{"sigma_max", num(c.sigma_max)},
-          {"sigma_min", num(c.sigma_min)},
-          {"kappa", num(c.kappa)},
+  return {{"sigma_max", json_number(c.sigma_max)},
+          {"sigma_min", json_number(c.sigma_min)},
+          {"kappa", json_number(c.kappa)},
           {"weyl_applies", c.weyl_applies},
-          {"weyl_bound", num(c.weyl_bound)},
+          {"weyl_bound", json_number(c.weyl_bound)},
           {"weyl_holds", c.weyl_applies ? nlohmann::json(c.kappa <= c.weyl_bound * (1 + 1e-12))
                                         : nlohmann::json(nullptr)}};
 }
 
-nlohmann::json cond_json(const ConditionResult<double>& c) {
-  return {{"sigma_max", num(c.sigma_max)},
-          {"sigma_min", num(c.sigma_min)},
-          {"kappa", num(c.kappa)},
-          {"kappa_plus", num(c.kappa_plus)},
-          {"rank", c.rank},
-          {"method", c.method},
-          {"accuracy", num(c.accuracy)},
-          {"info", to_string(c.info)},
-          {"note", c.note}};
+/// A projection of `rows` x `cols` or a head's block of it (docs/checkpoints.md: MATRIX): the
+/// part of its ConditionResult the table shows, the SVD that computed it, and the corrections.
+nlohmann::json matrix_json(const MatrixStats& m, Index rows, Index cols) {
+  nlohmann::json j = only(condition_json(m.cond), {"sigma_max", "sigma_min", "kappa", "rank"});
+  j.update({{"tensor", m.tensor},
+            {"dtype", io::to_string(m.dtype)},
+            {"shape", {rows, cols}},
+            {"svd", m.cond.method},
+            {"lambda_fused", corrected_json(m.fused)},
+            {"lambda_per_head", corrected_json(m.per_head)},
+            {"exact",
+             {{"kappa", json_number(m.exact_kappa)},
+              {"predicted", json_number(m.exact_predicted)},
+              {"alpha", json_number(m.exact_alpha)}}}});
+  return j;
 }
 
-nlohmann::json matrix_json(const MatrixStats& m) {
-  return {{"tensor", m.tensor},
-          {"dtype", io::to_string(m.dtype)},
-          {"sigma_max", num(m.cond.sigma_max)},
-          {"sigma_min", num(m.cond.sigma_min)},
-          {"kappa", num(m.cond.kappa)},
-          {"rank", m.cond.rank},
-          {"svd", m.cond.method},
-          {"lambda_fused", corrected_json(m.fused)},
-          {"lambda_per_head", corrected_json(m.per_head)},
-          {"exact",
-           {{"kappa", num(m.exact_kappa)},
-            {"predicted", num(m.exact_predicted)},
-            {"alpha", num(m.exact_alpha)}}}};
+/// Theorem 3.4 of a head as analyze reports it (docs/checkpoints.md: JACOBIAN's "theorem34"):
+/// theorem34_json with each factor's condition summary, J's blocks being in "blocks".
+nlohmann::json head_theorem34_json(const Theorem34Report& t) {
+  nlohmann::json j = theorem34_json(t);
+  for (const char* block : {"kappa_JQ", "kappa_JK", "kappa_JV"}) j.erase(block);
+  for (nlohmann::json& value : j)
+    if (value.is_object()) value = condition_summary(value);
+  return j;
 }
 
+/// What a head's entry and each of its corrected variants report: κ(J) ("J"), the time, the
+/// attention pattern and the bound without hypothesis.
+nlohmann::json head_report_json(const Theorem34Report& t, double seconds) {
+  nlohmann::json j = {{"J", condition_summary_json(t.J)}, {"seconds", json_number(seconds)}};
+  if (t.have_diagnostics) {
+    j["attention"] = diagnostics_json(t.diagnostics);
+    j["bound_free"] = free_bound_json(t.free_bound, t.J);
+  }
+  return j;
+}
+
+/// One head's κ(J) with Theorem 3.4, and after each correction (docs/checkpoints.md: JACOBIAN).
 nlohmann::json jacobian_json(const JacobianStats& j) {
   const Theorem34Report& r = j.report;
-  nlohmann::json out = {{"head", j.head},
-                        {"kv_head", j.kv_head},
-                        {"seconds", j.seconds},
-                        {"J", cond_json(r.J)},
-                        {"theorem34",
-                         {{"kappa_X", cond_json(r.X)},
-                          {"kappa_Lambda", cond_json(r.Lambda)},
-                          {"kappa_WQ", cond_json(r.WQ)},
-                          {"kappa_WK", cond_json(r.WK)},
-                          {"kappa_WV", cond_json(r.WV)},
-                          {"kappa_P", cond_json(r.P)},
-                          {"applies", r.bound_applies},
-                          {"bound", num(r.bound)},
-                          {"bound_plus", num(r.bound_plus)},
-                          {"ratio", num(r.ratio)},
-                          {"ratio_plus", num(r.ratio_plus)},
-                          {"holds", r.holds},
-                          {"holds_plus", r.holds_plus},
-                          {"vacuous", r.vacuous},
-                          {"verdict", r.verdict}}}};
+  nlohmann::json out = head_report_json(r, j.seconds);
+  out.update({{"head", j.head}, {"kv_head", j.kv_head}, {"theorem34", head_theorem34_json(r)}});
   if (r.have_blocks)
-    out["blocks"] = {{"J_Q", cond_json(r.JQ)}, {"J_K", cond_json(r.JK)}, {"J_V", cond_json(r.JV)}};
-  if (r.have_diagnostics) {
-    out["attention"] = diagnostics_json(r.diagnostics);
-    out["bound_free"] = free_bound_json(r.free_bound, r.J);
-  }
-  if (!j.corrected.empty()) {
-    nlohmann::json c = nlohmann::json::object();
-    for (const CorrectedJacobian& cj : j.corrected) {
-      const Theorem34Report& t = cj.report;
-      nlohmann::json e = {{"unchanged", cj.unchanged},
-                          {"seconds", cj.seconds},
-                          {"J", cond_json(t.J)},
-                          {"theorem34",
-                           {{"applies", t.bound_applies},
-                            {"bound_plus", num(t.bound_plus)},
-                            {"ratio_plus", num(t.ratio_plus)},
-                            {"holds_plus", t.holds_plus}}}};
-      if (t.have_diagnostics) {
-        e["attention"] = diagnostics_json(t.diagnostics);
-        e["bound_free"] = free_bound_json(t.free_bound, t.J);
-      }
-      c[cj.correction] = e;
-    }
-    out["corrected"] = c;
+    out["blocks"] = {{"J_Q", condition_summary_json(r.JQ)},
+                     {"J_K", condition_summary_json(r.JK)},
+                     {"J_V", condition_summary_json(r.JV)}};
+  if (j.corrected.empty()) return out;
+  nlohmann::json& c = out["corrected"] = nlohmann::json::object();
+  for (const CorrectedJacobian& cj : j.corrected) {
+    nlohmann::json e = head_report_json(cj.report, cj.seconds);
+    e["unchanged"] = cj.unchanged;
+    e["theorem34"] =
+        only(theorem34_json(cj.report), {"applies", "bound_plus", "ratio_plus", "holds_plus"});
+    c[cj.correction] = e;
   }
   return out;
 }
@@ -120,18 +95,12 @@ void model_json(const LayerModel& m, Index d_k, nlohmann::json& l) {
   l["biases"] = b;
   if (m.rope)
     l["rope"] = {{"pairing", to_string(m.rope->pairing)},
-                 {"theta", m.rope->theta},
+                 {"theta", json_number(m.rope->theta)},
                  {"dims", m.rope->resolved_dims(d_k)},
                  {"source", m.rope_source}};
   else
     l["rope"] = nullptr;
   if (!m.rope && !m.rope_source.empty()) l["rope_source"] = m.rope_source;
-}
-
-nlohmann::json shape_json(const MatrixStats& m, Index rows, Index cols) {
-  nlohmann::json j = matrix_json(m);
-  j["shape"] = {rows, cols};
-  return j;
 }
 
 /// One checkpoint's JSON object. `shard_form` (a --shard report): every layer whose κ(J) was
@@ -148,9 +117,9 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
                         {"kv_heads", L.heads.kv_heads},
                         {"d_k", L.heads.d_k},
                         {"d_v", L.heads.d_v},
-                        {"W_Q", shape_json(L.q, D, L.spec.q.width)},
-                        {"W_K", shape_json(L.k, D, L.spec.k.width)},
-                        {"W_V", shape_json(L.v, D, L.spec.v.width)}};
+                        {"W_Q", matrix_json(L.q, D, L.spec.q.width)},
+                        {"W_K", matrix_json(L.k, D, L.spec.k.width)},
+                        {"W_V", matrix_json(L.v, D, L.spec.v.width)}};
     l["attention"] = L.spec.cross ? "cross" : "self";
     if (L.tokens > 0) l["tokens"] = L.tokens;
     if (!L.shared_by.empty()) l["shared_by"] = L.shared_by;
@@ -160,9 +129,9 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
       for (const HeadStats& h : L.per_head)
         hs.push_back({{"head", h.head},
                       {"kv_head", h.kv_head},
-                      {"W_Q", shape_json(h.q, D, L.heads.d_k)},
-                      {"W_K", shape_json(h.k, D, L.heads.d_k)},
-                      {"W_V", shape_json(h.v, D, L.heads.d_v)}});
+                      {"W_Q", matrix_json(h.q, D, L.heads.d_k)},
+                      {"W_K", matrix_json(h.k, D, L.heads.d_k)},
+                      {"W_V", matrix_json(h.v, D, L.heads.d_v)}});
       l["per_head"] = hs;
     }
     if (!L.jacobian.empty() || (shard_form && L.jacobian_analyzed)) {
@@ -177,21 +146,16 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
           {"source", to_string(rep.kind)},
           {"layout", io::to_string(rep.layout)},
           {"heads_from", rep.head_config.source},
-          {"lambda", rep.lambda},
-          {"target", rep.target ? nlohmann::json(*rep.target) : nlohmann::json(nullptr)},
+          {"lambda", json_number(rep.lambda)},
+          {"target", rep.target ? json_number(*rep.target) : nlohmann::json(nullptr)},
           {"tokens", rep.tokens},
           {"inputs", rep.inputs},
-          {"scale", num(rep.scale)},
+          {"scale", json_number(rep.scale)},
           {"mask", rep.causal ? "causal" : "none"},
           {"layers", layers}};
 }
 
 }  // namespace
-
-/// The text of an analyze JSON document (also of merged shards: merge.hpp).
-std::string analyze_json_text(const nlohmann::json& doc) {
-  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
 
 /// The whole JSON document for several checkpoints. With shard_count > 1 (--shard i/n) it
 /// carries "shard": {"index": i, "count": n} and the shard form of report_json.
@@ -203,7 +167,7 @@ std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_
                         {"format_version", kAnalyzeFormatVersion},
                         {"checkpoints", all}};
   if (shard_count > 1) doc["shard"] = {{"index", shard_index}, {"count", shard_count}};
-  return analyze_json_text(doc);
+  return json_text(doc);
 }
 
 }  // namespace spectral_cond::cli

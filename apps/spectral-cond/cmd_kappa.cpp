@@ -231,9 +231,7 @@ void run_matrix(const KappaArgs& a) {
     throw NumericalFailure("the SVD of " + a.matrix + " failed: " + r.note);
   std::string text;
   if (a.format == "json") {
-    text = kappa_json("matrix", M.rows(), M.cols(), r)
-               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
-           "\n";
+    text = json_text(kappa_json("matrix", M.rows(), M.cols(), r));
   } else {
     std::ostringstream o;
     o << "kappa of " << a.matrix << ", " << shape_str(M.rows(), M.cols()) << '\n';
@@ -297,16 +295,16 @@ void run_attention(const KappaArgs& a) {
     nlohmann::json j = kappa_json("attention", rows, cols, r, report ? &*report : nullptr,
                                   VerifyShape{N, D, dk, dv});
     if (!report) j["attention"] = diagnostics_json(diag);
-    j["N"] = N;
-    j["D"] = D;
-    j["d_k"] = dk;
-    j["d_v"] = dv;
-    j["scale"] = json_number(c);
-    j["mask"] = a.mask;
-    j["method_requested"] = a.method;
-    j["tol"] = json_number(a.tol);
-    j["device"] = a.device;
-    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    j.update({{"N", N},
+              {"D", D},
+              {"d_k", dk},
+              {"d_v", dv},
+              {"scale", json_number(c)},
+              {"mask", a.mask},
+              {"method_requested", a.method},
+              {"tol", json_number(a.tol)},
+              {"device", a.device}});
+    text = json_text(j);
   } else {
     std::ostringstream o;
     o << "kappa of J, " << shape_str(rows, cols) << " (attention: N = " << N << ", D = " << D

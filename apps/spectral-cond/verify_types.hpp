@@ -227,6 +227,34 @@ struct VerifyReport {
   }
 };
 
+/// Theorem 3.4's counts of the regimes that `in` selects (all of them by default) added up, with
+/// the smallest and largest of their ratios: the whole sweep, or the regimes that share one
+/// value of one dimension. Its regime, medians and κ(J) lists are left empty.
+inline RegimeStats combined(const std::vector<RegimeStats>& regimes,
+                            const std::function<bool(const VerifyRegime&)>& in = {}) {
+  static constexpr Index RegimeStats::*kCounts[] = {
+      &RegimeStats::instances,         &RegimeStats::held,
+      &RegimeStats::violated,          &RegimeStats::vacuous,
+      &RegimeStats::held_plus,         &RegimeStats::violated_plus,
+      &RegimeStats::inconclusive_plus, &RegimeStats::kappa_J_infinite,
+      &RegimeStats::proven_failures,   &RegimeStats::lowered,
+      &RegimeStats::collapsed,         &RegimeStats::final_held,
+      &RegimeStats::final_violated,    &RegimeStats::final_inconclusive,
+      &RegimeStats::final_unresolved,  &RegimeStats::final_unchecked,
+      &RegimeStats::rechecked,         &RegimeStats::rank_uncertain,
+      &RegimeStats::artefacts,         &RegimeStats::missed};
+  RegimeStats t;
+  for (const RegimeStats& s : regimes) {
+    if (in && !in(s.regime)) continue;
+    for (Index RegimeStats::*c : kCounts) t.*c += s.*c;
+    t.worst_ratio = min_ignoring_nan(t.worst_ratio, s.worst_ratio);
+    t.worst_ratio_plus = min_ignoring_nan(t.worst_ratio_plus, s.worst_ratio_plus);
+    t.max_ratio_plus = max_ignoring_nan(t.max_ratio_plus, s.max_ratio_plus);
+    t.worst_real_ratio = min_ignoring_nan(t.worst_real_ratio, s.worst_real_ratio);
+  }
+  return t;
+}
+
 /// Theorem 3.4 with kappa_plus on one instance, judged against rounding.
 enum class BoundVerdict { Held, Violated, Inconclusive };
 
