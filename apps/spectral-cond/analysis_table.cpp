@@ -3,6 +3,7 @@
 #include "analysis_format.hpp"
 #include "number_text.hpp"
 
+#include <cmath>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -12,8 +13,9 @@
 namespace spectral_cond::cli {
 namespace {
 
-/// Significant digits of the tables' numbers.
-constexpr int kTableDigits = 4;
+/// A number in the tables: 4 significant digits, and an empty cell for NaN (a value that was
+/// not computed), as in the CSV.
+std::string table_number(double x) { return std::isnan(x) ? std::string() : number_text(x, 4); }
 
 /// The same for the table: "kappa(J) with biases b_Q, b_V and RoPE rotate_half (theta 10000, 64
 /// of 64 columns; from config.json)", or "kappa(J) without biases or RoPE".
@@ -58,8 +60,8 @@ std::string jacobian_blocks_table(const CheckpointReport& rep) {
       if (!t.have_blocks) continue;
       o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right;
       for (const ConditionResult<double>* c : {&t.JQ, &t.JK, &t.JV})
-        o << std::setw(12) << number_text(c->kappa, kTableDigits) << std::setw(12)
-          << number_text(c->kappa_plus, kTableDigits);
+        o << std::setw(12) << table_number(c->kappa) << std::setw(12)
+          << table_number(c->kappa_plus);
       o << '\n';
     }
   return o.str();
@@ -86,10 +88,10 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
       if (j.corrected.empty()) continue;
       auto row = [&](const std::string& what, const Theorem34Report& t) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(11) << number_text(t.J.kappa, kTableDigits)
-          << std::setw(11) << number_text(t.J.kappa_plus, kTableDigits) << std::setw(11)
-          << (t.have_diagnostics ? number_text(t.free_bound.bound, kTableDigits) : std::string("-"))
-          << std::setw(11) << number_text(t.X.kappa, kTableDigits) << std::setw(11)
+          << what << std::right << std::setw(11) << table_number(t.J.kappa)
+          << std::setw(11) << table_number(t.J.kappa_plus) << std::setw(11)
+          << (t.have_diagnostics ? table_number(t.free_bound.bound) : std::string("-"))
+          << std::setw(11) << table_number(t.X.kappa) << std::setw(11)
           << (t.have_diagnostics ? (t.diagnostics.collapsed ? "YES" : "no") : "-") << '\n';
       };
       row("original", j.report);
@@ -113,12 +115,12 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
         if (!t.have_diagnostics) return;
         const AttentionPattern& p = t.diagnostics.pattern;
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(12) << number_text(p.row_max_min, kTableDigits)
-          << std::setw(12) << number_text(p.row_max_mean, kTableDigits) << std::setw(12)
-          << number_text(p.entropy_mean, kTableDigits) << std::setw(12)
+          << what << std::right << std::setw(12) << table_number(p.row_max_min)
+          << std::setw(12) << table_number(p.row_max_mean) << std::setw(12)
+          << table_number(p.entropy_mean) << std::setw(12)
           << (std::to_string(p.saturated) + "/" + std::to_string(p.rows)) << std::setw(12)
           << p.saturated_diagonal << std::setw(14)
-          << number_text(t.diagnostics.norms.ratio_QK_V, kTableDigits) << '\n';
+          << table_number(t.diagnostics.norms.ratio_QK_V) << '\n';
         if (!t.diagnostics.note.empty())
           notes.push_back("layer " + std::to_string(L.spec.index) + " head " +
                           std::to_string(j.head) + " (" + what + "): " + t.diagnostics.note);
@@ -141,8 +143,8 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
 std::string reports_table(const std::vector<CheckpointReport>& reps) {
   std::ostringstream o;
   auto weyl = [&](const CorrectedKappa& c) {
-    return number_text(c.kappa, kTableDigits) +
-           (c.weyl_applies ? " (<=" + number_text(c.weyl_bound, kTableDigits) + ")"
+    return table_number(c.kappa) +
+           (c.weyl_applies ? " (<=" + table_number(c.weyl_bound) + ")"
                            : " (no bound)");
   };
   for (const auto& rep : reps) {
@@ -158,11 +160,11 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << head << std::setw(5)
           << m.role.substr(2) << std::setw(11)
           << (std::to_string(L.spec.D) + "x" + std::to_string(cols)) << std::right << std::setw(11)
-          << number_text(m.cond.sigma_max, kTableDigits) << std::setw(11)
-          << number_text(m.cond.sigma_min, kTableDigits) << std::setw(11)
-          << number_text(m.cond.kappa, kTableDigits) << std::setw(24) << weyl(m.fused)
+          << table_number(m.cond.sigma_max) << std::setw(11)
+          << table_number(m.cond.sigma_min) << std::setw(11)
+          << table_number(m.cond.kappa) << std::setw(24) << weyl(m.fused)
           << std::setw(24) << weyl(m.per_head) << std::setw(10)
-          << number_text(m.exact_kappa, kTableDigits) << '\n';
+          << table_number(m.exact_kappa) << '\n';
       };
       row("all", L.q, L.spec.q.width);
       row("all", L.k, L.spec.k.width);
@@ -208,15 +210,15 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
           const Theorem34Report& r = j.report;
           std::string m = r.J.method;
           o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right
-            << std::setw(11) << number_text(r.J.kappa, kTableDigits) << std::setw(11)
-            << number_text(r.J.kappa_plus, kTableDigits) << std::setw(7) << r.J.rank
-            << std::setw(10) << number_text(r.X.kappa, kTableDigits) << std::setw(10)
-            << number_text(r.Lambda.kappa_plus, kTableDigits) << std::setw(10)
-            << number_text(r.WQ.kappa, kTableDigits) << std::setw(10)
-            << number_text(r.WK.kappa, kTableDigits) << std::setw(10)
-            << number_text(r.WV.kappa, kTableDigits) << std::setw(10)
-            << number_text(r.P.kappa_plus, kTableDigits) << std::setw(11)
-            << number_text(r.bound_plus, kTableDigits) << std::setw(7)
+            << std::setw(11) << table_number(r.J.kappa) << std::setw(11)
+            << table_number(r.J.kappa_plus) << std::setw(7) << r.J.rank
+            << std::setw(10) << table_number(r.X.kappa) << std::setw(10)
+            << table_number(r.Lambda.kappa_plus) << std::setw(10)
+            << table_number(r.WQ.kappa) << std::setw(10)
+            << table_number(r.WK.kappa) << std::setw(10)
+            << table_number(r.WV.kappa) << std::setw(10)
+            << table_number(r.P.kappa_plus) << std::setw(11)
+            << table_number(r.bound_plus) << std::setw(7)
             << (!r.bound_applies ? "n/a"
                 : r.holds_plus   ? "yes"
                                  : "NO")
