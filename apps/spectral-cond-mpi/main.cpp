@@ -79,7 +79,7 @@ std::optional<std::string> gather(const std::string& text, int code, int rank, i
         all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(counts[i]))));
     names.push_back("rank " + std::to_string(r));
   }
-  return spectral_cond::cli::analyze_json_text(spectral_cond::cli::merge_shards(docs, names));
+  return spectral_cond::cli::json_text(spectral_cond::cli::merge_shards(docs, names));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // spectral-cond: the command-line options `analyze` and `demo` share.
 #pragma once
 
-#include "analysis.hpp"
+#include "analysis_types.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 

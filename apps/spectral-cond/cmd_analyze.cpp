@@ -15,10 +15,13 @@
 // only every N-th κ(J) work item (one per head) from the I-th, for a JSON report that
 // `spectral-cond merge` unites with the others into the unsharded one (merge.hpp);
 // spectral-cond-mpi does both over MPI ranks.
+#include "analysis.hpp"
 #include "analysis_cli.hpp"
 #include "analysis_format.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "device.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 #include "run.hpp"
 
@@ -76,15 +79,15 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeD
                         : "--shard needs --format json (the shards' reports are united by "
                           "`spectral-cond merge`)");
   if (!(std::isfinite(o.lambda) && o.lambda >= 0))
-    throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(o.lambda) + ")");
+    throw BadInput("--lambda must be finite and >= 0 (got " + number_text(o.lambda, 6) + ")");
   if (target_set) {
     if (!(std::isfinite(a.target) && a.target > 1))
-      throw BadInput("--target must be finite and > 1 (got " + std::to_string(a.target) + ")");
+      throw BadInput("--target must be finite and > 1 (got " + number_text(a.target, 6) + ")");
     o.target = a.target;
   }
   if (scale_set) {
     if (!(std::isfinite(a.scale) && a.scale > 0))
-      throw BadInput("--scale must be finite and > 0 (got " + std::to_string(a.scale) + ")");
+      throw BadInput("--scale must be finite and > 0 (got " + number_text(a.scale, 6) + ")");
     o.scale = a.scale;
   }
   if (!(a.opts.tol > 0)) throw BadInput("--tol must be > 0");

@@ -14,10 +14,11 @@
 // the "__metadata__" is kept as it is, and the file is written atomically (temporary file and
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
-#include "analysis.hpp"
+#include "analysis_inputs.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "index_selection.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>
@@ -37,8 +38,19 @@
 namespace spectral_cond::cli {
 namespace {
 
+/// --method: which correction is folded in.
+enum class CorrectionMethod { Lambda, Exact };
+
+/// The values of --method and --placement (parsed by enum_names, echoed in the summary line).
+const EnumNames<CorrectionMethod> kMethods = {{"lambda", CorrectionMethod::Lambda},
+                                              {"exact", CorrectionMethod::Exact}};
+const EnumNames<Placement> kPlacements = {{"fused", Placement::Fused},
+                                          {"per-head", Placement::PerHead}};
+
 struct CorrectArgs {
-  std::string checkpoint, out, method = "lambda", placement = "fused";
+  std::string checkpoint, out;
+  CorrectionMethod method = CorrectionMethod::Lambda;
+  Placement placement = Placement::Fused;
   std::string layout = "auto", map, layers;
   std::int64_t heads = 0, kv_heads = 0;
   double lambda = 10, target = 0;
@@ -67,8 +79,8 @@ std::vector<std::string> input_files(const CheckpointReader& src) {
 /// W corrected by the chosen method and placement (see the top of this file).
 Mat<double> corrected(const Mat<double>& W, Index heads, Index d, const CorrectArgs& a,
                       const std::optional<double>& target) {
-  const bool per_head = a.placement == "per-head";
-  if (a.method == "lambda") {
+  const bool per_head = a.placement == Placement::PerHead;
+  if (a.method == CorrectionMethod::Lambda) {
     const Mat<double> E = per_head ? lambda_identity<double>(W.rows(), heads, d, Placement::PerHead)
                                    : Mat<double>(Mat<double>::Identity(W.rows(), W.cols()));
     return W + a.lambda * E;
@@ -94,12 +106,13 @@ std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
 
 void run_correct(const CorrectArgs& a, bool target_set) {
   if (!(std::isfinite(a.lambda) && a.lambda >= 0))
-    throw BadInput("--lambda must be finite and >= 0 (got " + std::to_string(a.lambda) + ")");
+    throw BadInput("--lambda must be finite and >= 0 (got " + number_text(a.lambda, 6) + ")");
   std::optional<double> target;
   if (target_set) {
     if (!(std::isfinite(a.target) && a.target > 1))
-      throw BadInput("--target must be finite and > 1 (got " + std::to_string(a.target) + ")");
-    if (a.method != "exact") throw BadInput("--target applies to --method exact only");
+      throw BadInput("--target must be finite and > 1 (got " + number_text(a.target, 6) + ")");
+    if (a.method != CorrectionMethod::Exact)
+      throw BadInput("--target applies to --method exact only");
     target = a.target;
   }
   const CheckpointReader src = io::open_checkpoint(a.checkpoint);
@@ -140,7 +153,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     // A fused correction treats each projection as one matrix: it needs no head count (unless
     // the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
     io::LayerHeads H;
-    if (hc.heads < 1 && a.placement == "fused" && L.packed_rows == 0) {
+    if (hc.heads < 1 && a.placement == Placement::Fused && L.packed_rows == 0) {
       H.heads = H.kv_heads = 1;
       H.d_k = L.q.width;
       H.d_v = L.v.width;
@@ -229,11 +242,12 @@ void run_correct(const CorrectArgs& a, bool target_set) {
   }
   bar.done();
   std::cout << "corrected " << modified.size() << " tensor(s) in " << todo.size()
-            << " attention layer(s) of " << a.checkpoint << " (method " << a.method;
-  if (a.method == "lambda") std::cout << ", lambda = " << a.lambda;
-  if (target) std::cout << ", target = " << *target;
-  std::cout << ", placement " << a.placement << "); wrote " << out.size() << " tensors to " << a.out
-            << config_note << '\n';
+            << " attention layer(s) of " << a.checkpoint << " (method "
+            << enum_name(kMethods, a.method);
+  if (a.method == CorrectionMethod::Lambda) std::cout << ", lambda = " << number_text(a.lambda, 6);
+  if (target) std::cout << ", target = " << number_text(*target, 6);
+  std::cout << ", placement " << enum_name(kPlacements, a.placement) << "); wrote " << out.size()
+            << " tensors to " << a.out << config_note << '\n';
 }
 
 }  // namespace
@@ -250,7 +264,7 @@ void register_correct(CLI::App& app) {
                   "lambda (W + lambda I_k, Theorem 3.8) or exact "
                   "(Theorem 3.5)")
       ->required()
-      ->check(CLI::IsMember({"lambda", "exact"}));
+      ->transform(enum_names(kMethods));
   cmd->add_option("--lambda", a->lambda, "lambda for --method lambda (default 10)");
   cmd->add_option("--target", a->target,
                   "target kappa > 1 for --method exact (default: "
@@ -258,7 +272,7 @@ void register_correct(CLI::App& app) {
   cmd->add_option("--placement", a->placement,
                   "fused (default): one correction of the whole "
                   "projection; per-head: one per head block")
-      ->check(CLI::IsMember({"fused", "per-head"}));
+      ->transform(enum_names(kPlacements));
   cmd->add_option("--layout", a->layout, layout_help())->check(CLI::IsMember(layout_choices()));
   cmd->add_option("--map", a->map, "q=REGEX,k=REGEX,v=REGEX or qkv=REGEX: see analyze --help");
   cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")
@@ -270,7 +284,7 @@ void register_correct(CLI::App& app) {
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_flag("--verbose", a->verbose, "log every tensor read on stderr");
   cmd->callback([a, cmd] {
-    if (cmd->count("--lambda") > 0 && a->method != "lambda")
+    if (cmd->count("--lambda") > 0 && a->method != CorrectionMethod::Lambda)
       throw BadInput("--lambda applies to --method lambda only");
     run_correct(*a, cmd->count("--target") > 0);
   });

@@ -14,6 +14,7 @@
 // orthogonal U, V and singular values decaying geometrically from s_1 = 0.4 + 0.04 i to
 // s_1 / kappa_i, kappa_i = 10^(1 + 2.5 i / 11): early blocks well conditioned, late blocks badly,
 // the trend reported for trained vision transformers.
+#include "analysis.hpp"
 #include "analysis_format.hpp"
 #include "cli.hpp"
 #include "commands.hpp"

@@ -9,6 +9,7 @@
 // column a + D b for W(a, b) within each parameter block (J_X: column r + N a for X(r, a)).
 #include "cli.hpp"
 #include "commands.hpp"
+#include "number_text.hpp"
 
 #include <spectral_cond/io/files.hpp>
 #include <spectral_cond/jacobian/gram.hpp>
@@ -93,8 +94,9 @@ void run_jacobian(const JacobianArgs& a) {
   if (memory > 0 && bytes > memory) {
     std::ostringstream s;
     s << a.x << ", " << a.wq << ", " << a.wv << ": " << what << " would be "
-      << shape_str(rows, cols) << " (" << bytes * 1e-9 << " GB in float64), more than this "
-      << "machine's " << memory * 1e-9 << " GB of memory";
+      << shape_str(rows, cols) << " (" << number_text(bytes * 1e-9, 6)
+      << " GB in float64), more than this machine's " << number_text(memory * 1e-9, 6)
+      << " GB of memory";
     throw BadInput(s.str());
   }
   Mat<double> out;
@@ -105,7 +107,8 @@ void run_jacobian(const JacobianArgs& a) {
   } catch (const std::bad_alloc&) {
     std::ostringstream s;
     s << "out of memory: " << what << " is " << shape_str(rows, cols) << " ("
-      << static_cast<double>(rows) * static_cast<double>(cols) * 8e-9 << " GB in float64)";
+      << number_text(static_cast<double>(rows) * static_cast<double>(cols) * 8e-9, 6)
+      << " GB in float64)";
     throw Error(kInternalError, s.str());
   }
   const auto t1 = std::chrono::steady_clock::now();
@@ -113,12 +116,14 @@ void run_jacobian(const JacobianArgs& a) {
   io::write_npy(a.out, out);
   if (a.timing) {
     const auto t2 = std::chrono::steady_clock::now();
-    std::cerr << "timing: compute " << std::chrono::duration<double>(t1 - t0).count()
-              << " s, write " << std::chrono::duration<double>(t2 - t1).count() << " s\n";
+    std::cerr << "timing: compute "
+              << number_text(std::chrono::duration<double>(t1 - t0).count(), 6) << " s, write "
+              << number_text(std::chrono::duration<double>(t2 - t1).count(), 6) << " s\n";
   }
   std::cout << what << ": " << shape_str(out.rows(), out.cols()) << " written to " << a.out
             << " (N = " << N << ", D = " << D << ", d_k = " << dk << ", d_v = " << dv
-            << ", scale = " << opts.resolved_scale(dk) << ", mask = " << a.mask << ")\n";
+            << ", scale = " << number_text(opts.resolved_scale(dk), 6) << ", mask = " << a.mask
+            << ")\n";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "device.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 #include "report_json.hpp"
 
@@ -47,14 +48,8 @@ struct KappaArgs {
   bool scale_set = false, mask_set = false, method_set = false, tol_set = false;
 };
 
-/// A number for the table: "inf", "-inf", "nan", or 10 significant digits.
-std::string num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream s;
-  s << std::setprecision(10) << v;
-  return s.str();
-}
+/// Significant digits of the table's numbers.
+constexpr int kDigits = 10;
 
 /// The attention inputs, with shapes checked against each other (names the files).
 struct AttentionInputs {
@@ -133,15 +128,16 @@ void table_condition(std::ostream& o, const ConditionResult<double>& r) {
     o << "  " << std::left << std::setw(16) << key << value << '\n';
   };
   row("method", r.method);
-  row("sigma_max", num(r.sigma_max));
-  row("sigma_min", num(r.sigma_min));
-  row("kappa", num(r.kappa));
-  row("sigma_min_plus", num(r.sigma_min_plus));
-  row("kappa_plus", num(r.kappa_plus));
-  row("rank", std::to_string(r.rank) + " (rank_tol " + num(r.rank_tol) + ")");
-  row("accuracy", num(r.accuracy) + " (estimated relative error of sigma_min)");
+  row("sigma_max", number_text(r.sigma_max, kDigits));
+  row("sigma_min", number_text(r.sigma_min, kDigits));
+  row("kappa", number_text(r.kappa, kDigits));
+  row("sigma_min_plus", number_text(r.sigma_min_plus, kDigits));
+  row("kappa_plus", number_text(r.kappa_plus, kDigits));
+  row("rank", std::to_string(r.rank) + " (rank_tol " + number_text(r.rank_tol, kDigits) + ")");
+  row("accuracy", number_text(r.accuracy, kDigits) + " (estimated relative error of sigma_min)");
   if (r.iterations > 0)
-    row("iterations", std::to_string(r.iterations) + " (residual " + num(r.residual) + ")");
+    row("iterations",
+        std::to_string(r.iterations) + " (residual " + number_text(r.residual, kDigits) + ")");
   row("info", to_string(r.info));
   if (!r.note.empty()) row("note", r.note);
 }
@@ -156,21 +152,23 @@ void table_bound(std::ostream& o, const Theorem34Report& t, const VerifyShape& s
   const std::pair<const char*, const ConditionResult<double>*> terms[] = {
       {"X", &t.X},    {"Lambda", &t.Lambda}, {"W_Q", &t.WQ},
       {"W_K", &t.WK}, {"W_V", &t.WV},        {"P", &t.P}};
-  for (const auto& [name, r] : terms) row(name, num(r->kappa), num(r->kappa_plus));
+  for (const auto& [name, r] : terms)
+    row(name, number_text(r->kappa, kDigits), number_text(r->kappa_plus, kDigits));
   if (t.have_blocks)
     for (const auto& [name, r] :
          {std::pair<const char*, const ConditionResult<double>*>{"J_Q", &t.JQ},
           {"J_K", &t.JK},
           {"J_V", &t.JV}})
-      row(name, num(r->kappa), num(r->kappa_plus));
-  row("bound", num(t.bound), num(t.bound_plus));
-  row("J", num(t.J.kappa), num(t.J.kappa_plus));
-  row("ratio", num(t.ratio), num(t.ratio_plus));
+      row(name, number_text(r->kappa, kDigits), number_text(r->kappa_plus, kDigits));
+  row("bound", number_text(t.bound, kDigits), number_text(t.bound_plus, kDigits));
+  row("J", number_text(t.J.kappa, kDigits), number_text(t.J.kappa_plus, kDigits));
+  row("ratio", number_text(t.ratio, kDigits), number_text(t.ratio_plus, kDigits));
   row("holds", t.holds ? (t.vacuous ? "yes (vacuous)" : "yes") : "NO", t.holds_plus ? "yes" : "NO");
   o << "  verdict: " << t.verdict << '\n';
   const BoundClassification c = classify_theorem34_plus(t, s);
-  o << "  with rounding (relative errors: kappa_plus(J) " << num(c.acc_J) << ", bound_plus "
-    << num(c.acc_bound) << "): " << to_string(c.verdict) << '\n';
+  o << "  with rounding (relative errors: kappa_plus(J) " << number_text(c.acc_J, kDigits)
+    << ", bound_plus " << number_text(c.acc_bound, kDigits) << "): " << to_string(c.verdict)
+    << '\n';
 }
 
 void table_diagnostics(std::ostream& o, const AttentionDiagnostics& d) {
@@ -180,15 +178,17 @@ void table_diagnostics(std::ostream& o, const AttentionDiagnostics& d) {
   auto row = [&o](const char* key, const std::string& value) {
     o << "  " << std::left << std::setw(20) << key << value << '\n';
   };
-  row("row max", "min " + num(p.row_max_min) + ", mean " + num(p.row_max_mean));
-  row("row entropy", "mean " + num(p.entropy_mean) + " (log N for uniform rows)");
+  row("row max", "min " + number_text(p.row_max_min, kDigits) + ", mean " +
+                     number_text(p.row_max_mean, kDigits));
+  row("row entropy", "mean " + number_text(p.entropy_mean, kDigits) + " (log N for uniform rows)");
   row("saturated rows", std::to_string(p.saturated) + " of " + std::to_string(p.rows) + " (" +
                             std::to_string(p.saturated_diagonal) +
                             " on the diagonal; max_j P_ij > 1 - 1e-6)");
-  row("||J_Q||_2", num(n.sigma_max_JQ));
-  row("||J_K||_2", num(n.sigma_max_JK));
-  row("||J_V||_2", num(n.sigma_max_JV) + " (= sigma_1(P X))");
-  row("||J_QK||/||J_V||", num(n.ratio_QK_V) + " (spectral norms, J_QK = [J_Q | J_K])");
+  row("||J_Q||_2", number_text(n.sigma_max_JQ, kDigits));
+  row("||J_K||_2", number_text(n.sigma_max_JK, kDigits));
+  row("||J_V||_2", number_text(n.sigma_max_JV, kDigits) + " (= sigma_1(P X))");
+  row("||J_QK||/||J_V||",
+      number_text(n.ratio_QK_V, kDigits) + " (spectral norms, J_QK = [J_Q | J_K])");
   row("collapsed", d.collapsed ? "YES" : "no");
   if (!d.note.empty()) row("note", d.note);
 }
@@ -199,11 +199,12 @@ void table_free_bound(std::ostream& o, const HypothesisFreeBound& b,
   auto row = [&o](const char* key, const std::string& value) {
     o << "  " << std::left << std::setw(20) << key << value << '\n';
   };
-  row("sigma_max(J)",
-      num(b.sigma_max_J) + " (Lanczos on J J^T, residual " + num(b.sigma_max_residual) + ")");
-  row("sigma_N(P X)", num(b.PX.sigma_min) + " (rank " + std::to_string(b.PX.rank) + ")");
-  row("bound", num(b.bound) + (b.applicable ? "" : " (not applicable)"));
-  row("ratio", num(b.bound / J.kappa) + " (bound / kappa(J))");
+  row("sigma_max(J)", number_text(b.sigma_max_J, kDigits) + " (Lanczos on J J^T, residual " +
+                          number_text(b.sigma_max_residual, kDigits) + ")");
+  row("sigma_N(P X)",
+      number_text(b.PX.sigma_min, kDigits) + " (rank " + std::to_string(b.PX.rank) + ")");
+  row("bound", number_text(b.bound, kDigits) + (b.applicable ? "" : " (not applicable)"));
+  row("ratio", number_text(b.bound / J.kappa, kDigits) + " (bound / kappa(J))");
   row("holds", free_bound_holds(b, J) ? "yes" : "NO (a bug: the bound is proven)");
   if (!b.note.empty()) row("note", b.note);
 }
@@ -230,16 +231,16 @@ void run_matrix(const KappaArgs& a) {
     throw NumericalFailure("the SVD of " + a.matrix + " failed: " + r.note);
   std::string text;
   if (a.format == "json") {
-    text = kappa_json("matrix", M.rows(), M.cols(), r)
-               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
-           "\n";
+    text = json_text(kappa_json("matrix", M.rows(), M.cols(), r));
   } else {
     std::ostringstream o;
     o << "kappa of " << a.matrix << ", " << shape_str(M.rows(), M.cols()) << '\n';
     table_condition(o, r);
     text = o.str();
   }
-  emit(a, text, "kappa = " + num(r.kappa) + ", kappa_plus = " + num(r.kappa_plus));
+  emit(a, text,
+       "kappa = " + number_text(r.kappa, kDigits) +
+           ", kappa_plus = " + number_text(r.kappa_plus, kDigits));
 }
 
 void run_attention(const KappaArgs& a) {
@@ -294,21 +295,21 @@ void run_attention(const KappaArgs& a) {
     nlohmann::json j = kappa_json("attention", rows, cols, r, report ? &*report : nullptr,
                                   VerifyShape{N, D, dk, dv});
     if (!report) j["attention"] = diagnostics_json(diag);
-    j["N"] = N;
-    j["D"] = D;
-    j["d_k"] = dk;
-    j["d_v"] = dv;
-    j["scale"] = json_number(c);
-    j["mask"] = a.mask;
-    j["method_requested"] = a.method;
-    j["tol"] = json_number(a.tol);
-    j["device"] = a.device;
-    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    j.update({{"N", N},
+              {"D", D},
+              {"d_k", dk},
+              {"d_v", dv},
+              {"scale", json_number(c)},
+              {"mask", a.mask},
+              {"method_requested", a.method},
+              {"tol", json_number(a.tol)},
+              {"device", a.device}});
+    text = json_text(j);
   } else {
     std::ostringstream o;
     o << "kappa of J, " << shape_str(rows, cols) << " (attention: N = " << N << ", D = " << D
-      << ", d_k = " << dk << ", d_v = " << dv << ", scale = " << num(c) << ", mask = " << a.mask
-      << ")\n";
+      << ", d_k = " << dk << ", d_v = " << dv << ", scale = " << number_text(c, kDigits)
+      << ", mask = " << a.mask << ")\n";
     table_condition(o, r);
     table_diagnostics(o, diag);
     if (report) {
@@ -317,7 +318,9 @@ void run_attention(const KappaArgs& a) {
     }
     text = o.str();
   }
-  emit(a, text, "kappa(J) = " + num(r.kappa) + ", kappa_plus(J) = " + num(r.kappa_plus));
+  emit(a, text,
+       "kappa(J) = " + number_text(r.kappa, kDigits) +
+           ", kappa_plus(J) = " + number_text(r.kappa_plus, kDigits));
   if (r.info == Info::NotConverging)
     throw NumericalFailure("kappa(J) did not converge (method " + a.method + "): " + r.note);
 }

@@ -75,7 +75,7 @@ void register_merge(CLI::App& app) {
         throw BadInput(p + ": not JSON (" + e.what() + ")");
       }
     }
-    const std::string text = analyze_json_text(merge_shards(docs, a->shards));
+    const std::string text = json_text(merge_shards(docs, a->shards));
     if (a->out.empty()) {
       std::cout << text << std::flush;
     } else {

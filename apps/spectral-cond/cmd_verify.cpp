@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "extended_rechecks.hpp"
+#include "number_text.hpp"
 #include "progress.hpp"
 #include "report_json.hpp"
 
@@ -22,6 +23,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -48,19 +50,8 @@ struct VerifyArgs {
   bool quiet = false;
 };
 
-std::string num(double v, int digits = 4) {
-  if (std::isnan(v)) return "-";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream s;
-  s << std::setprecision(digits) << v;
-  return s.str();
-}
-
-std::string lambda_str(double l) {
-  std::ostringstream s;
-  s << l;
-  return s.str();
-}
+/// Significant digits of the table's ratios and κ; λ and c are echoed with std::ostream's 6.
+constexpr int kDigits = 4, kOptionDigits = 6;
 
 void make_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
@@ -94,7 +85,6 @@ void dump_instances(const std::string& dump, const VerifyReport& rep) {
 /// How to reproduce a violation: a `kappa --bound` command when its inputs were dumped.
 std::string hint(const VerifyArgs& a, const VerifyViolation& v) {
   std::ostringstream s;
-  s << std::setprecision(17);
   if (a.dump.empty()) {
     s << "rebuild with make_verify_instance(regime, {" << v.shape.N << ", " << v.shape.D << ", "
       << v.shape.d_k << ", " << v.shape.d_v << "}, " << v.seed
@@ -103,76 +93,26 @@ std::string hint(const VerifyArgs& a, const VerifyViolation& v) {
   }
   const std::string d = instance_dir(a.dump, v);
   s << "spectral-cond kappa --x " << d << "/X.npy --wq " << d << "/WQ.npy --wk " << d
-    << "/WK.npy --wv " << d << "/WV.npy --scale " << v.c << " --mask " << to_string(v.regime.mask)
-    << " --method dense --bound";
+    << "/WK.npy --wv " << d << "/WV.npy --scale " << number_text(v.c, 17) << " --mask "
+    << to_string(v.regime.mask) << " --method dense --bound";
   return s.str();
 }
 
-/// Theorem 3.4 with kappa_plus, aggregated by one regime dimension.
-struct Marginal {
-  Index n = 0, held = 0, violated = 0, inconclusive = 0, unresolved = 0, artefacts = 0;
-  double worst = std::numeric_limits<double>::quiet_NaN();
-};
-
-void print_marginal(std::ostream& o, const char* title, const VerifyReport& rep,
-                    const std::function<std::string(const VerifyRegime&)>& key) {
-  std::map<std::string, Marginal> m;
-  std::vector<std::string> order;
-  for (const RegimeStats& s : rep.regimes) {
-    const std::string k = key(s.regime);
-    if (m.find(k) == m.end()) order.push_back(k);
-    Marginal& g = m[k];
-    g.n += s.instances;
-    g.held += s.final_held;
-    g.violated += s.final_violated + s.final_unchecked;
-    g.inconclusive += s.final_inconclusive;
-    g.unresolved += s.final_unresolved;
-    g.artefacts += s.artefacts;
-    g.worst = min_ignoring_nan(g.worst, s.worst_real_ratio);
-  }
-  o << "  " << std::left << std::setw(14) << title;
-  for (const std::string& k : order) {
-    const Marginal& g = m[k];
-    o << "  " << k << ": " << g.held << "/" << g.violated << "/" << g.inconclusive << "/"
-      << g.unresolved << " (artefacts " << g.artefacts << ", worst " << num(g.worst) << ")";
-  }
-  o << '\n';
+/// A regime's dimensions, as the first columns of the tables.
+void regime_columns(std::ostream& o, const VerifyRegime& r) {
+  o << std::left << std::setw(6) << to_string(r.shape) << std::setw(13) << to_string(r.c)
+    << std::setw(11) << to_string(r.weights) << std::setw(8) << to_string(r.mask) << std::setw(7)
+    << number_text(r.lambda, kOptionDigits) << std::right;
 }
 
-/// κ(J) before and after W + λ I_k per regime with λ > 0: medians, how many instances it lowered
-/// and how many collapsed to the identity (MATH.md §11).
-std::string lambda_effect_table(const VerifyReport& rep) {
-  std::ostringstream o;
-  o << "\nkappa(J) before (W) and after (W + lambda I_k), by dense SVD: medians over the regime's "
-       "instances; lowered: after < before;\ncollapsed: every row of P one-hot on the diagonal "
-       "after the correction (then kappa(J) = kappa(X) for N <= D).\n";
+void regime_header(std::ostream& o) {
   o << std::left << std::setw(6) << "shape" << std::setw(13) << "c" << std::setw(11) << "W scale"
-    << std::setw(8) << "mask" << std::setw(7) << "lambda" << std::right << std::setw(4) << "n"
-    << std::setw(14) << "med k(J) W" << std::setw(14) << "med k(J) W+lI" << std::setw(9)
-    << "lowered" << std::setw(11) << "collapsed" << '\n';
-  Index n = 0, lowered = 0, collapsed = 0;
-  for (const RegimeStats& s : rep.regimes) {
-    const VerifyRegime& r = s.regime;
-    if (r.lambda == 0) continue;
-    o << std::left << std::setw(6) << to_string(r.shape) << std::setw(13) << to_string(r.c)
-      << std::setw(11) << to_string(r.weights) << std::setw(8) << to_string(r.mask) << std::setw(7)
-      << lambda_str(r.lambda) << std::right << std::setw(4) << s.instances << std::setw(14)
-      << num(s.median_kappa_J_before) << std::setw(14) << num(s.median_kappa_J_after)
-      << std::setw(9) << s.lowered << std::setw(11) << s.collapsed << '\n';
-    n += s.instances;
-    lowered += s.lowered;
-    collapsed += s.collapsed;
-  }
-  o << "  all lambda > 0: " << n << " instances, kappa(J) lowered in " << lowered
-    << ", collapsed in " << collapsed << '\n';
-  return o.str();
+    << std::setw(8) << "mask" << std::setw(7) << "lambda" << std::right << std::setw(4) << "n";
 }
 
-std::string table(const VerifyArgs& a, const VerifyReport& rep) {
+/// Theorem 3.4 per regime: the float64 counts, then after the extended-precision re-checks.
+std::string regimes_table(const VerifyReport& rep) {
   std::ostringstream o;
-  o << "spectral-cond verify: seed " << rep.seed << ", " << rep.instances_per_regime
-    << " instances per regime, " << rep.regimes.size() << " regimes, " << rep.instances
-    << " instances; kappa(J) by dense SVD\n\n";
   o << "Theorem 3.4 (MATH.md §5) on W + lambda I_k. k: plain kappa (the bound is +inf since "
        "kappa(Lambda) = +inf: vacuous).\nk+: kappa_plus throughout, in float64; held / violated "
        "/ '?' = inconclusive (the two sides agree within the\nrounding error of the kappa_plus "
@@ -181,55 +121,66 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
        "instance with an\nuncertain rank decision is recomputed in extended precision: real = "
        "violated there too, art = float64\nartefact (held there), unres = unresolved there; "
        "worst real = smallest exact ratio. k(J)=inf: J singular.\nbugs: failed proven checks.\n\n";
-  o << std::left << std::setw(6) << "shape" << std::setw(13) << "c" << std::setw(11) << "W scale"
-    << std::setw(8) << "mask" << std::setw(7) << "lambda" << std::right << std::setw(4) << "n"
-    << std::setw(9) << "k: held" << std::setw(10) << "k+: held" << std::setw(9) << "k+: NO"
+  regime_header(o);
+  o << std::setw(9) << "k: held" << std::setw(10) << "k+: held" << std::setw(9) << "k+: NO"
     << std::setw(8) << "k+: ?" << std::setw(12) << "worst k+" << std::setw(12) << "max k+"
     << std::setw(6) << "real" << std::setw(5) << "art" << std::setw(7) << "unres" << std::setw(12)
     << "worst real" << std::setw(10) << "k(J)=inf" << std::setw(6) << "bugs" << '\n';
   for (const RegimeStats& s : rep.regimes) {
-    const VerifyRegime& r = s.regime;
-    o << std::left << std::setw(6) << to_string(r.shape) << std::setw(13) << to_string(r.c)
-      << std::setw(11) << to_string(r.weights) << std::setw(8) << to_string(r.mask) << std::setw(7)
-      << lambda_str(r.lambda) << std::right << std::setw(4) << s.instances << std::setw(9) << s.held
-      << std::setw(10) << s.held_plus << std::setw(9) << s.violated_plus << std::setw(8)
-      << s.inconclusive_plus << std::setw(12) << num(s.worst_ratio_plus) << std::setw(12)
-      << num(s.max_ratio_plus) << std::setw(6) << s.final_violated + s.final_unchecked
-      << std::setw(5) << s.artefacts << std::setw(7) << s.final_unresolved << std::setw(12)
-      << num(s.worst_real_ratio) << std::setw(10) << s.kappa_J_infinite << std::setw(6)
-      << s.proven_failures << '\n';
+    regime_columns(o, s.regime);
+    o << std::setw(4) << s.instances << std::setw(9) << s.held << std::setw(10) << s.held_plus
+      << std::setw(9) << s.violated_plus << std::setw(8) << s.inconclusive_plus << std::setw(12)
+      << number_text(s.worst_ratio_plus, kDigits) << std::setw(12)
+      << number_text(s.max_ratio_plus, kDigits) << std::setw(6)
+      << s.final_violated + s.final_unchecked << std::setw(5) << s.artefacts << std::setw(7)
+      << s.final_unresolved << std::setw(12) << number_text(s.worst_real_ratio, kDigits)
+      << std::setw(10) << s.kappa_J_infinite << std::setw(6) << s.proven_failures << '\n';
   }
-  Index t_held = 0, t_real = 0, t_inc = 0, t_unres = 0, t_art = 0, t_unchecked = 0, t_rechk = 0,
-        t_uncertain = 0, t_missed = 0;
-  double t_worst = std::numeric_limits<double>::quiet_NaN();
-  for (const RegimeStats& s : rep.regimes) {
-    t_held += s.final_held;
-    t_real += s.final_violated;
-    t_inc += s.final_inconclusive;
-    t_unres += s.final_unresolved;
-    t_art += s.artefacts;
-    t_unchecked += s.final_unchecked;
-    t_rechk += s.rechecked;
-    t_uncertain += s.rank_uncertain;
-    t_missed += s.missed;
-    t_worst = min_ignoring_nan(t_worst, s.worst_real_ratio);
-  }
-  o << "\nTheorem 3.4 with kappa_plus after the extended-precision re-checks: " << t_held
-    << " held, " << t_real << " violated (real), " << t_inc << " inconclusive, " << t_unres
-    << " unresolved";
-  if (t_unchecked > 0) o << ", " << t_unchecked << " float64 violations unchecked";
-  o << "; " << t_art << " float64 violations were artefacts; " << t_rechk
-    << " instances re-checked (" << t_uncertain << " with an uncertain rank decision, " << t_missed
-    << " violations float64 missed); worst real ratio " << num(t_worst) << "\n";
-  o << "\nThe same, held/violated/inconclusive/unresolved (artefacts, worst real ratio), by:\n";
-  print_marginal(o, "shape class", rep, [](const VerifyRegime& r) { return to_string(r.shape); });
-  print_marginal(o, "c", rep, [](const VerifyRegime& r) { return std::string(to_string(r.c)); });
-  print_marginal(o, "weight scale", rep,
-                 [](const VerifyRegime& r) { return std::string(to_string(r.weights)); });
-  print_marginal(o, "mask", rep,
-                 [](const VerifyRegime& r) { return std::string(to_string(r.mask)); });
-  print_marginal(o, "lambda", rep, [](const VerifyRegime& r) { return lambda_str(r.lambda); });
+  return o.str();
+}
 
+/// Theorem 3.4 with kappa_plus after the re-checks over the whole sweep, then by each value of
+/// each regime dimension (held/violated/inconclusive/unresolved, artefacts, worst real ratio).
+std::string totals(const VerifyReport& rep) {
+  std::ostringstream o;
+  const RegimeStats t = combined(rep.regimes);
+  o << "\nTheorem 3.4 with kappa_plus after the extended-precision re-checks: " << t.final_held
+    << " held, " << t.final_violated << " violated (real), " << t.final_inconclusive
+    << " inconclusive, " << t.final_unresolved << " unresolved";
+  if (t.final_unchecked > 0) o << ", " << t.final_unchecked << " float64 violations unchecked";
+  o << "; " << t.artefacts << " float64 violations were artefacts; " << t.rechecked
+    << " instances re-checked (" << t.rank_uncertain << " with an uncertain rank decision, "
+    << t.missed << " violations float64 missed); worst real ratio "
+    << number_text(t.worst_real_ratio, kDigits) << "\n";
+  o << "\nThe same, held/violated/inconclusive/unresolved (artefacts, worst real ratio), by:\n";
+  using Key = std::function<std::string(const VerifyRegime&)>;
+  const std::pair<const char*, Key> dimensions[] = {
+      {"shape class", [](const VerifyRegime& r) { return to_string(r.shape); }},
+      {"c", [](const VerifyRegime& r) { return to_string(r.c); }},
+      {"weight scale", [](const VerifyRegime& r) { return to_string(r.weights); }},
+      {"mask", [](const VerifyRegime& r) { return to_string(r.mask); }},
+      {"lambda", [](const VerifyRegime& r) { return number_text(r.lambda, kOptionDigits); }}};
+  for (const auto& [title, key] : dimensions) {
+    o << "  " << std::left << std::setw(14) << title;
+    std::vector<std::string> values;  // in the order of the regimes
+    for (const RegimeStats& s : rep.regimes)
+      if (std::find(values.begin(), values.end(), key(s.regime)) == values.end())
+        values.push_back(key(s.regime));
+    for (const std::string& v : values) {
+      const RegimeStats g =
+          combined(rep.regimes, [&](const VerifyRegime& r) { return key(r) == v; });
+      o << "  " << v << ": " << g.final_held << "/" << g.final_violated + g.final_unchecked << "/"
+        << g.final_inconclusive << "/" << g.final_unresolved << " (artefacts " << g.artefacts
+        << ", worst " << number_text(g.worst_real_ratio, kDigits) << ")";
+    }
+    o << '\n';
+  }
+  return o.str();
+}
+
+/// The proven statements' counts.
+std::string proven_table(const VerifyReport& rep) {
+  std::ostringstream o;
   o << "\nProven statements (a violation is a bug: exit 3)\n";
   o << "  " << std::left << std::setw(44) << "statement" << std::right << std::setw(8) << "held"
     << std::setw(10) << "violated" << std::setw(16) << "not applicable" << std::setw(11)
@@ -246,9 +197,36 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
     o << "  " << std::left << std::setw(44) << name << std::right << std::setw(8) << c->held
       << std::setw(10) << c->violated << std::setw(16) << c->not_applicable << std::setw(11)
       << c->rechecked << std::setw(11) << c->artefacts << '\n';
+  return o.str();
+}
 
-  o << lambda_effect_table(rep);
+/// κ(J) before and after W + λ I_k per regime with λ > 0: medians, how many instances it lowered
+/// and how many collapsed to the identity (MATH.md §11).
+std::string lambda_effect_table(const VerifyReport& rep) {
+  std::ostringstream o;
+  o << "\nkappa(J) before (W) and after (W + lambda I_k), by dense SVD: medians over the regime's "
+       "instances; lowered: after < before;\ncollapsed: every row of P one-hot on the diagonal "
+       "after the correction (then kappa(J) = kappa(X) for N <= D).\n";
+  regime_header(o);
+  o << std::setw(14) << "med k(J) W" << std::setw(14) << "med k(J) W+lI" << std::setw(9)
+    << "lowered" << std::setw(11) << "collapsed" << '\n';
+  for (const RegimeStats& s : rep.regimes) {
+    if (s.regime.lambda == 0) continue;
+    regime_columns(o, s.regime);
+    o << std::setw(4) << s.instances << std::setw(14)
+      << number_text(s.median_kappa_J_before, kDigits) << std::setw(14)
+      << number_text(s.median_kappa_J_after, kDigits) << std::setw(9) << s.lowered << std::setw(11)
+      << s.collapsed << '\n';
+  }
+  const RegimeStats t = combined(rep.regimes, [](const VerifyRegime& r) { return r.lambda != 0; });
+  o << "  all lambda > 0: " << t.instances << " instances, kappa(J) lowered in " << t.lowered
+    << ", collapsed in " << t.collapsed << '\n';
+  return o.str();
+}
 
+/// The violations, at most --max-listed per statement, each with how to reproduce it.
+std::string violations_list(const VerifyArgs& a, const VerifyReport& rep) {
+  std::ostringstream o;
   o << "\nViolations: " << rep.violations.size();
   if (rep.violations.empty())
     o << '\n';
@@ -259,9 +237,10 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
     if (++listed[v.statement] > a.max_listed) continue;
     o << "  [" << v.statement << (v.proven ? ", BUG" : ", finding") << ", " << v.classification
       << "] seed " << v.seed << ", N = " << v.shape.N << ", D = " << v.shape.D
-      << ", d_k = " << v.shape.d_k << ", d_v = " << v.shape.d_v << ", c = " << num(v.c, 6)
-      << ", W scale " << to_string(v.regime.weights) << ", mask " << to_string(v.regime.mask)
-      << ", lambda " << lambda_str(v.regime.lambda) << (v.matrix.empty() ? "" : ", " + v.matrix)
+      << ", d_k = " << v.shape.d_k << ", d_v = " << v.shape.d_v
+      << ", c = " << number_text(v.c, kOptionDigits) << ", W scale " << to_string(v.regime.weights)
+      << ", mask " << to_string(v.regime.mask) << ", lambda "
+      << number_text(v.regime.lambda, kOptionDigits) << (v.matrix.empty() ? "" : ", " + v.matrix)
       << ": " << v.detail << '\n';
     if (!v.extended_detail.empty()) o << "      " << v.extended_detail << '\n';
     o << "      " << hint(a, v) << '\n';
@@ -271,6 +250,15 @@ std::string table(const VerifyArgs& a, const VerifyReport& rep) {
       o << "  ... and " << count - a.max_listed << " more " << statement
         << " (--max-listed, or --format json for all)\n";
   return o.str();
+}
+
+std::string table(const VerifyArgs& a, const VerifyReport& rep) {
+  std::ostringstream o;
+  o << "spectral-cond verify: seed " << rep.seed << ", " << rep.instances_per_regime
+    << " instances per regime, " << rep.regimes.size() << " regimes, " << rep.instances
+    << " instances; kappa(J) by dense SVD\n\n";
+  return o.str() + regimes_table(rep) + totals(rep) + proven_table(rep) + lambda_effect_table(rep) +
+         violations_list(a, rep);
 }
 
 void run_verify(const VerifyArgs& a) {
@@ -299,7 +287,7 @@ void run_verify(const VerifyArgs& a) {
     nlohmann::json j = verify_json(rep);
     for (size_t i = 0; i < rep.violations.size(); ++i)
       j["violations"][i]["hint"] = hint(a, rep.violations[i]);
-    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    text = json_text(j);
   } else {
     text = table(a, rep);
   }

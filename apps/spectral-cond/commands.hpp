@@ -10,6 +10,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -40,6 +42,38 @@ inline CLI::Validator unsigned_integer() {
         return std::string();
       },
       "UINT64");
+}
+
+/// The command-line names of an enum's values, in the order the help lists them.
+template <typename E>
+using EnumNames = std::vector<std::pair<std::string, E>>;
+
+/// Parses an option's value into the enum value `names` gives it, for an option whose variable
+/// is that enum: add_option("--method", method)->transform(enum_names(kMethods)). Only the names
+/// are accepted (unlike CLI::CheckedTransformer, which also takes the enum's numbers); the help
+/// and the error list them as CLI::IsMember does ("--method: x not in {lambda,exact}").
+template <typename E>
+CLI::Validator enum_names(const EnumNames<E>& names) {
+  std::string list;
+  for (const auto& kv : names) list += (list.empty() ? "" : ",") + kv.first;
+  return CLI::Validator(
+      [names, list](std::string& s) -> std::string {
+        for (const auto& [name, value] : names)
+          if (name == s) {
+            s = std::to_string(static_cast<std::underlying_type_t<E>>(value));
+            return std::string();
+          }
+        return s + " not in {" + list + "}";
+      },
+      "{" + list + "}");
+}
+
+/// The command-line name of `value` in `names`.
+template <typename E>
+std::string enum_name(const EnumNames<E>& names, E value) {
+  for (const auto& [name, v] : names)
+    if (v == value) return name;
+  return std::string();
 }
 
 /// A head count: an integer from 1 to 2^20 (the CLI11 PositiveNumber check names a 309-digit

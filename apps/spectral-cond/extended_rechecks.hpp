@@ -3,7 +3,7 @@
 // and MPFR and instantiates the library in MPFR arithmetic.
 #pragma once
 
-#include "verify_sweep.hpp"
+#include "verify_types.hpp"
 
 namespace spectral_cond::cli {
 

@@ -8,6 +8,7 @@
 
 #include "analysis_format.hpp"
 #include "cli.hpp"
+#include "report_json.hpp"
 
 #include <nlohmann/json.hpp>
 

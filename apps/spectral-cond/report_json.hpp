@@ -1,18 +1,28 @@
-// spectral-cond: the JSON reports of `kappa` and `verify` (documented in docs/cli.md; the key
-// names are a stable interface). Non-finite numbers are written as the strings "inf", "-inf"
-// and "nan", since JSON has no literal for them.
+// spectral-cond: the one JSON writer of each result the tool reports, documented key by key in
+// docs/cli.md (kappa, verify) and docs/checkpoints.md (analyze); the key names are a stable
+// interface. Every command writes through these: `kappa` (kappa_json), `analyze`, `demo`,
+// `merge` and spectral-cond-mpi (analysis_json.cpp, json_text), `verify` and the Python
+// package's verify (verify_json). Non-finite numbers are the strings "inf", "-inf" and "nan",
+// since JSON has no literal for them.
 //
-// Header-only and free of the CLI's other parts, so that tests/test_verify.cpp can check the
-// keys.
+// A writer gives every field of its result; where a report documents fewer (analyze's COND, or
+// the flat Theorem 3.4 of `kappa --bound`), it takes them from the writer's object, so that a
+// value is written one way only.
+//
+// Header-only and free of the CLI's other parts, so that tests/test_verify.cpp and the Python
+// extension can use it.
 #pragma once
 
 #include <spectral_cond/conditioning/bound.hpp>
-#include "verify_sweep.hpp"
+#include "verify_types.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace spectral_cond::cli {
 
@@ -23,60 +33,85 @@ inline nlohmann::json json_number(double v) {
   return v;
 }
 
-/// The fields of a ConditionResult under their own names (kappa.hpp): sigma_max, sigma_min,
-/// kappa, sigma_min_plus, kappa_plus, rank, rank_tol, sigma_dropped, rank_gap, rank_certain,
-/// method, accuracy, iterations, residual, info, note.
-inline void put_condition(nlohmann::json& j, const ConditionResult<double>& r) {
-  j["sigma_max"] = json_number(r.sigma_max);
-  j["sigma_min"] = json_number(r.sigma_min);
-  j["kappa"] = json_number(r.kappa);
-  j["sigma_min_plus"] = json_number(r.sigma_min_plus);
-  j["kappa_plus"] = json_number(r.kappa_plus);
-  j["rank"] = r.rank;
-  j["rank_tol"] = json_number(r.rank_tol);
-  j["sigma_dropped"] = json_number(r.sigma_dropped);
-  j["rank_gap"] = json_number(r.rank_gap);
-  j["rank_certain"] = r.rank_certain;
-  j["method"] = r.method;
-  j["accuracy"] = json_number(r.accuracy);
-  j["iterations"] = r.iterations;
-  j["residual"] = json_number(r.residual);
-  j["info"] = to_string(r.info);
-  j["note"] = r.note;
+/// The text of a JSON document as every command writes it: indented by 2, one newline at the
+/// end, invalid UTF-8 in strings (a tensor name) replaced.
+inline std::string json_text(const nlohmann::json& doc) {
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-/// Theorem 3.4's terms (MATH.md §5): kappa_<T> and kappa_plus_<T> for T in X, Lambda, WQ, WK,
-/// WV, P (and JQ, JK, JV when the report has the blocks), then bound, bound_plus, ratio,
-/// ratio_plus, holds, holds_plus, vacuous, verdict; and verdict_plus, kappa_plus_accuracy,
-/// bound_plus_accuracy from classify_theorem34_plus for inputs of sizes `s`.
-inline void put_bound(nlohmann::json& j, const Theorem34Report& t, const VerifyShape& s) {
-  auto term = [&j](const char* name, const ConditionResult<double>& r) {
-    j[std::string("kappa_") + name] = json_number(r.kappa);
-    j[std::string("kappa_plus_") + name] = json_number(r.kappa_plus);
-  };
-  term("X", t.X);
-  term("Lambda", t.Lambda);
-  term("WQ", t.WQ);
-  term("WK", t.WK);
-  term("WV", t.WV);
-  term("P", t.P);
-  if (t.have_blocks) {
-    term("JQ", t.JQ);
-    term("JK", t.JK);
-    term("JV", t.JV);
-  }
-  j["bound"] = json_number(t.bound);
-  j["bound_plus"] = json_number(t.bound_plus);
-  j["ratio"] = json_number(t.ratio);
-  j["ratio_plus"] = json_number(t.ratio_plus);
-  j["holds"] = t.holds;
-  j["holds_plus"] = t.holds_plus;
-  j["vacuous"] = t.vacuous;
-  j["verdict"] = t.verdict;
-  const BoundClassification c = classify_theorem34_plus(t, s);
-  j["verdict_plus"] = to_string(c.verdict);
-  j["kappa_plus_accuracy"] = json_number(c.acc_J);
-  j["bound_plus_accuracy"] = json_number(c.acc_bound);
+/// The members `keys` of the object `j`: the part of a result that a report documents.
+inline nlohmann::json only(const nlohmann::json& j, std::initializer_list<const char*> keys) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const char* k : keys) out[k] = j.at(k);
+  return out;
+}
+
+/// Every field of a ConditionResult (kappa.hpp) under its own name: sigma_max, sigma_min,
+/// kappa, sigma_min_plus, kappa_plus, rank, rank_tol, sigma_dropped, rank_gap, rank_certain,
+/// method, accuracy, iterations, residual, info, note.
+inline nlohmann::json condition_json(const ConditionResult<double>& r) {
+  return {{"sigma_max", json_number(r.sigma_max)},
+          {"sigma_min", json_number(r.sigma_min)},
+          {"kappa", json_number(r.kappa)},
+          {"sigma_min_plus", json_number(r.sigma_min_plus)},
+          {"kappa_plus", json_number(r.kappa_plus)},
+          {"rank", r.rank},
+          {"rank_tol", json_number(r.rank_tol)},
+          {"sigma_dropped", json_number(r.sigma_dropped)},
+          {"rank_gap", json_number(r.rank_gap)},
+          {"rank_certain", r.rank_certain},
+          {"method", r.method},
+          {"accuracy", json_number(r.accuracy)},
+          {"iterations", r.iterations},
+          {"residual", json_number(r.residual)},
+          {"info", to_string(r.info)},
+          {"note", r.note}};
+}
+
+/// The fields of a condition_json object that analyze reports for every κ (docs/checkpoints.md,
+/// COND): sigma_max, sigma_min, kappa, kappa_plus, rank, method, accuracy, info, note.
+inline nlohmann::json condition_summary(const nlohmann::json& condition) {
+  return only(condition, {"sigma_max", "sigma_min", "kappa", "kappa_plus", "rank", "method",
+                          "accuracy", "info", "note"});
+}
+
+inline nlohmann::json condition_summary_json(const ConditionResult<double>& r) {
+  return condition_summary(condition_json(r));
+}
+
+/// The factors of Theorem 3.4 (MATH.md §5) in a report, by name: X, Lambda, WQ, WK, WV, P, and
+/// J's blocks JQ, JK, JV when the report has them.
+inline std::vector<std::pair<std::string, const ConditionResult<double>*>> theorem34_factors(
+    const Theorem34Report& t) {
+  std::vector<std::pair<std::string, const ConditionResult<double>*>> f = {
+      {"X", &t.X}, {"Lambda", &t.Lambda}, {"WQ", &t.WQ}, {"WK", &t.WK}, {"WV", &t.WV}, {"P", &t.P}};
+  if (t.have_blocks) f.insert(f.end(), {{"JQ", &t.JQ}, {"JK", &t.JK}, {"JV", &t.JV}});
+  return f;
+}
+
+/// A Theorem34Report (bound.hpp): "kappa_<F>" for every factor F (its condition_json), and the
+/// bound: applies, bound, bound_plus, ratio, ratio_plus, holds, holds_plus, vacuous, verdict.
+/// κ(J), the attention diagnostics and the bound without hypothesis have writers of their own.
+inline nlohmann::json theorem34_json(const Theorem34Report& t) {
+  nlohmann::json j = {{"applies", t.bound_applies},
+                      {"bound", json_number(t.bound)},
+                      {"bound_plus", json_number(t.bound_plus)},
+                      {"ratio", json_number(t.ratio)},
+                      {"ratio_plus", json_number(t.ratio_plus)},
+                      {"holds", t.holds},
+                      {"holds_plus", t.holds_plus},
+                      {"vacuous", t.vacuous},
+                      {"verdict", t.verdict}};
+  for (const auto& [name, r] : theorem34_factors(t)) j["kappa_" + name] = condition_json(*r);
+  return j;
+}
+
+/// The classification of Theorem 3.4 with kappa_plus against rounding (verify_types.hpp):
+/// verdict_plus, kappa_plus_accuracy, bound_plus_accuracy.
+inline nlohmann::json classification_json(const BoundClassification& c) {
+  return {{"verdict_plus", to_string(c.verdict)},
+          {"kappa_plus_accuracy", json_number(c.acc_J)},
+          {"bound_plus_accuracy", json_number(c.acc_bound)}};
 }
 
 /// The attention diagnostics of one block (MATH.md §11; keys in docs/cli.md): the pattern of P
@@ -119,158 +154,140 @@ inline nlohmann::json free_bound_json(const HypothesisFreeBound& b,
           {"note", b.note}};
 }
 
-/// The JSON of `spectral-cond kappa`: "input" ("matrix" or "attention"), "rows" and "cols" of
-/// the matrix whose kappa it is (M or J), the condition fields, and the bound's terms when
-/// `bound` is given (for attention inputs of sizes `shape`).
+/// The JSON of `spectral-cond kappa` (docs/cli.md): "input" ("matrix" or "attention"), "rows"
+/// and "cols" of the matrix whose κ it is (M or J), its condition_json fields, and with `bound`
+/// (attention inputs of sizes `shape`) Theorem 3.4 flat beside them: "kappa_<F>" and
+/// "kappa_plus_<F>" for every factor F, the bound's fields but "applies" (these inputs have no
+/// biases or RoPE), the classification, "attention" and "bound_free".
 inline nlohmann::json kappa_json(const std::string& input, Index rows, Index cols,
                                  const ConditionResult<double>& r,
                                  const Theorem34Report* bound = nullptr,
                                  const VerifyShape& shape = {}) {
-  nlohmann::json j;
+  nlohmann::json j = condition_json(r);
   j["input"] = input;
   j["rows"] = rows;
   j["cols"] = cols;
-  put_condition(j, r);
-  if (bound != nullptr) put_bound(j, *bound, shape);
-  if (bound != nullptr && bound->have_diagnostics) {
+  if (bound == nullptr) return j;
+  const nlohmann::json t = theorem34_json(*bound);
+  for (auto it = t.begin(); it != t.end(); ++it) {
+    if (it.key() == "applies") continue;
+    if (!it->is_object()) {
+      j[it.key()] = *it;
+      continue;
+    }
+    const std::string factor = it.key().substr(std::string("kappa_").size());
+    j["kappa_" + factor] = it->at("kappa");
+    j["kappa_plus_" + factor] = it->at("kappa_plus");
+  }
+  j.update(classification_json(classify_theorem34_plus(*bound, shape)));
+  if (bound->have_diagnostics) {
     j["attention"] = diagnostics_json(bound->diagnostics);
     j["bound_free"] = free_bound_json(bound->free_bound, r);
   }
   return j;
 }
 
+/// The counts of one statement's checks in `verify` (CheckCounts).
 inline nlohmann::json counts_json(const CheckCounts& c) {
   return {
       {"held", c.held},           {"violated", c.violated},   {"not_applicable", c.not_applicable},
       {"rechecked", c.rechecked}, {"artefacts", c.artefacts}, {"unresolved", c.unresolved}};
 }
 
+/// A regime of `verify` by its dimensions.
 inline nlohmann::json regime_json(const VerifyRegime& r) {
   return {{"shape_class", to_string(r.shape)},
           {"c", to_string(r.c)},
           {"weight_scale", to_string(r.weights)},
           {"mask", to_string(r.mask)},
-          {"lambda", r.lambda}};
+          {"lambda", json_number(r.lambda)}};
+}
+
+/// Theorem 3.4 over a set of instances of `verify` (RegimeStats: one regime, or the whole sweep
+/// from combined()): the float64 counts with kappa and kappa_plus, the ratios, the collapsed
+/// instances, and under "final" the counts after the extended-precision re-checks.
+inline nlohmann::json theorem34_counts_json(const RegimeStats& s) {
+  return {{"instances", s.instances},
+          {"held", s.held},
+          {"violated", s.violated},
+          {"vacuous", s.vacuous},
+          {"held_plus", s.held_plus},
+          {"violated_plus", s.violated_plus},
+          {"inconclusive_plus", s.inconclusive_plus},
+          {"kappa_J_infinite", s.kappa_J_infinite},
+          {"worst_ratio_plus", json_number(s.worst_ratio_plus)},
+          {"max_ratio_plus", json_number(s.max_ratio_plus)},
+          {"collapsed", s.collapsed},
+          {"final",
+           {{"held", s.final_held},
+            {"violated", s.final_violated},
+            {"inconclusive", s.final_inconclusive},
+            {"unresolved", s.final_unresolved},
+            {"unchecked", s.final_unchecked},
+            {"rechecked", s.rechecked},
+            {"rank_uncertain", s.rank_uncertain},
+            {"artefacts", s.artefacts},
+            {"missed", s.missed},
+            {"worst_real_ratio", json_number(s.worst_real_ratio)}}}};
+}
+
+/// One regime of `verify`: its dimensions, theorem34_counts_json, and what only a regime has
+/// (the plain worst ratio, failed proven checks, κ(J) before and after λ).
+inline nlohmann::json regime_stats_json(const RegimeStats& s) {
+  nlohmann::json r = theorem34_counts_json(s);
+  r.update(regime_json(s.regime));
+  r["worst_ratio"] = json_number(s.worst_ratio);
+  r["proven_failures"] = s.proven_failures;
+  r["median_kappa_J_before"] = json_number(s.median_kappa_J_before);
+  r["median_kappa_J_after"] = json_number(s.median_kappa_J_after);
+  r["lowered"] = s.lowered;
+  return r;
+}
+
+/// One failed check of `verify`, with what rebuilds its instance.
+inline nlohmann::json violation_json(const VerifyViolation& v) {
+  nlohmann::json e = regime_json(v.regime);
+  e.update({{"statement", v.statement},
+            {"proven", v.proven},
+            {"seed", v.seed},
+            {"N", v.shape.N},
+            {"D", v.shape.D},
+            {"d_k", v.shape.d_k},
+            {"d_v", v.shape.d_v},
+            {"c_value", json_number(v.c)},
+            {"weight_scale_value", json_number(v.weight_scale)},
+            {"matrix", v.matrix},
+            {"lhs", json_number(v.lhs)},
+            {"rhs", json_number(v.rhs)},
+            {"detail", v.detail},
+            {"classification", v.classification},
+            {"exact_ratio", json_number(v.exact_ratio)},
+            {"exact_ratio_text", v.exact_ratio_text},
+            {"digits", v.digits},
+            {"extended_detail", v.extended_detail}});
+  return e;
 }
 
 /// The JSON of `spectral-cond verify` (see docs/cli.md for every key).
 inline nlohmann::json verify_json(const VerifyReport& rep) {
-  nlohmann::json j;
-  j["seed"] = rep.seed;
-  j["instances_per_regime"] = rep.instances_per_regime;
-  j["instances"] = rep.instances;
-  j["proven_ok"] = rep.proven_ok();
-  j["proven"] = {{"theorem35", counts_json(rep.theorem35)},
-                 {"theorem35_target", counts_json(rep.theorem35_target)},
-                 {"weyl", counts_json(rep.weyl)},
-                 {"kronecker", counts_json(rep.kronecker)},
-                 {"concatenation", counts_json(rep.concatenation)},
-                 {"concatenation_J", counts_json(rep.concatenation_J)},
-                 {"bound_free", counts_json(rep.bound_free)}};
-  Index held = 0, violated = 0, held_plus = 0, violated_plus = 0, inconclusive_plus = 0;
-  Index vacuous = 0, inf_j = 0, collapsed = 0;
-  Index f_held = 0, f_violated = 0, f_inconclusive = 0, f_unresolved = 0, f_unchecked = 0;
-  Index rechecked = 0, uncertain = 0, artefacts = 0, missed = 0;
-  double worst = std::numeric_limits<double>::quiet_NaN(), best = worst, worst_real = worst;
-  nlohmann::json regimes = nlohmann::json::array();
-  for (const RegimeStats& s : rep.regimes) {
-    nlohmann::json r = regime_json(s.regime);
-    r["instances"] = s.instances;
-    r["held"] = s.held;
-    r["violated"] = s.violated;
-    r["vacuous"] = s.vacuous;
-    r["held_plus"] = s.held_plus;
-    r["violated_plus"] = s.violated_plus;
-    r["inconclusive_plus"] = s.inconclusive_plus;
-    r["kappa_J_infinite"] = s.kappa_J_infinite;
-    r["worst_ratio"] = json_number(s.worst_ratio);
-    r["worst_ratio_plus"] = json_number(s.worst_ratio_plus);
-    r["max_ratio_plus"] = json_number(s.max_ratio_plus);
-    r["proven_failures"] = s.proven_failures;
-    r["median_kappa_J_before"] = json_number(s.median_kappa_J_before);
-    r["median_kappa_J_after"] = json_number(s.median_kappa_J_after);
-    r["lowered"] = s.lowered;
-    r["collapsed"] = s.collapsed;
-    collapsed += s.collapsed;
-    r["final"] = {{"held", s.final_held},
-                  {"violated", s.final_violated},
-                  {"inconclusive", s.final_inconclusive},
-                  {"unresolved", s.final_unresolved},
-                  {"unchecked", s.final_unchecked},
-                  {"rechecked", s.rechecked},
-                  {"rank_uncertain", s.rank_uncertain},
-                  {"artefacts", s.artefacts},
-                  {"missed", s.missed},
-                  {"worst_real_ratio", json_number(s.worst_real_ratio)}};
-    regimes.push_back(r);
-    f_held += s.final_held;
-    f_violated += s.final_violated;
-    f_inconclusive += s.final_inconclusive;
-    f_unresolved += s.final_unresolved;
-    f_unchecked += s.final_unchecked;
-    rechecked += s.rechecked;
-    uncertain += s.rank_uncertain;
-    artefacts += s.artefacts;
-    missed += s.missed;
-    worst_real = min_ignoring_nan(worst_real, s.worst_real_ratio);
-    held += s.held;
-    violated += s.violated;
-    held_plus += s.held_plus;
-    violated_plus += s.violated_plus;
-    inconclusive_plus += s.inconclusive_plus;
-    vacuous += s.vacuous;
-    inf_j += s.kappa_J_infinite;
-    worst = min_ignoring_nan(worst, s.worst_ratio_plus);
-    best = max_ignoring_nan(best, s.max_ratio_plus);
-  }
-  j["theorem34"] = {{"instances", rep.instances},
-                    {"held", held},
-                    {"violated", violated},
-                    {"vacuous", vacuous},
-                    {"held_plus", held_plus},
-                    {"violated_plus", violated_plus},
-                    {"inconclusive_plus", inconclusive_plus},
-                    {"kappa_J_infinite", inf_j},
-                    {"worst_ratio_plus", json_number(worst)},
-                    {"max_ratio_plus", json_number(best)},
-                    {"collapsed", collapsed},
-                    {"final",
-                     {{"held", f_held},
-                      {"violated", f_violated},
-                      {"inconclusive", f_inconclusive},
-                      {"unresolved", f_unresolved},
-                      {"unchecked", f_unchecked},
-                      {"rechecked", rechecked},
-                      {"rank_uncertain", uncertain},
-                      {"artefacts", artefacts},
-                      {"missed", missed},
-                      {"worst_real_ratio", json_number(worst_real)}}}};
-  j["regimes"] = regimes;
-  nlohmann::json viol = nlohmann::json::array();
-  for (const VerifyViolation& v : rep.violations) {
-    nlohmann::json e = regime_json(v.regime);
-    e["statement"] = v.statement;
-    e["proven"] = v.proven;
-    e["seed"] = v.seed;
-    e["N"] = v.shape.N;
-    e["D"] = v.shape.D;
-    e["d_k"] = v.shape.d_k;
-    e["d_v"] = v.shape.d_v;
-    e["c_value"] = json_number(v.c);
-    e["weight_scale_value"] = json_number(v.weight_scale);
-    e["matrix"] = v.matrix;
-    e["lhs"] = json_number(v.lhs);
-    e["rhs"] = json_number(v.rhs);
-    e["detail"] = v.detail;
-    e["classification"] = v.classification;
-    e["exact_ratio"] = json_number(v.exact_ratio);
-    e["exact_ratio_text"] = v.exact_ratio_text;
-    e["digits"] = v.digits;
-    e["extended_detail"] = v.extended_detail;
-    viol.push_back(e);
-  }
-  j["violations"] = viol;
-  return j;
+  nlohmann::json regimes = nlohmann::json::array(), violations = nlohmann::json::array();
+  for (const RegimeStats& s : rep.regimes) regimes.push_back(regime_stats_json(s));
+  for (const VerifyViolation& v : rep.violations) violations.push_back(violation_json(v));
+  return {{"seed", rep.seed},
+          {"instances_per_regime", rep.instances_per_regime},
+          {"instances", rep.instances},
+          {"proven_ok", rep.proven_ok()},
+          {"proven",
+           {{"theorem35", counts_json(rep.theorem35)},
+            {"theorem35_target", counts_json(rep.theorem35_target)},
+            {"weyl", counts_json(rep.weyl)},
+            {"kronecker", counts_json(rep.kronecker)},
+            {"concatenation", counts_json(rep.concatenation)},
+            {"concatenation_J", counts_json(rep.concatenation_J)},
+            {"bound_free", counts_json(rep.bound_free)}}},
+          {"theorem34", theorem34_counts_json(combined(rep.regimes))},
+          {"regimes", regimes},
+          {"violations", violations}};
 }
 
 }  // namespace spectral_cond::cli

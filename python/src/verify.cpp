@@ -7,6 +7,7 @@
 
 #include "extended_rechecks.hpp"
 #include "report_json.hpp"
+#include "verify_sweep.hpp"
 
 #include <nanobind/stl/string.h>
 

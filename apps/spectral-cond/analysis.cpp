@@ -1,0 +1,473 @@
+// spectral-cond: analyze_checkpoint (analysis.hpp), as the steps of CheckpointAnalysis::run.
+#include "analysis.hpp"
+
+#include "analysis_inputs.hpp"
+#include "cli.hpp"
+#include "device.hpp"
+#include "matrix_stats.hpp"
+#include "parallel.hpp"
+#include "synthetic.hpp"
+
+#include <spectral_cond/conditioning/bound.hpp>
+#include <spectral_cond/conditioning/corrections.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace spectral_cond::cli {
+namespace {
+
+/// W_Q, W_K, W_V of one layer, or the weights one head sees after a correction (MATH.md §6–7):
+/// W_Q's head slice and W_K's, W_V's group slices. Fused: the slice of W + λ I(D, width);
+/// per-head: the slice plus λ I(D, d); exact: the slice of the whole projection's W + α U V^T.
+struct Weights {
+  Mat<double> q, k, v;
+  bool operator==(const Weights& b) const { return q == b.q && k == b.k && v == b.v; }
+};
+
+Mat<double> fused_slice(const Mat<double>& W, Index col, Index d, double lambda) {
+  Mat<double> s = W.middleCols(col, d);
+  for (Index j = 0; j < d; ++j)
+    if (col + j < W.rows()) s(col + j, j) += lambda;
+  return s;
+}
+
+Mat<double> per_head_slice(const Mat<double>& W, Index col, Index d, double lambda) {
+  Mat<double> s = W.middleCols(col, d);
+  for (Index j = 0; j < std::min<Index>(d, W.rows()); ++j) s(j, j) += lambda;
+  return s;
+}
+
+/// The names of the corrected variants of a head, in the order of CheckpointAnalysis::variants.
+const char* const kCorrections[] = {"lambda_fused", "lambda_per_head", "exact"};
+
+/// What the κ(J) of every head of one layer shares: X, the options, and the device's results.
+struct LayerJacobianJob {
+  const io::AttentionLayerSpec* L = nullptr;
+  const io::LayerHeads* H = nullptr;
+  const LayerModel* model = nullptr;
+  Mat<double> X;
+  AttentionOptions<double> ao;
+  BoundOptions bo;
+  std::vector<ConditionResult<double>> device_J;  ///< --device cuda: by slot, else empty
+  std::string where;                              ///< "<file>: layer L", for messages
+};
+
+class CheckpointAnalysis {
+ public:
+  CheckpointAnalysis(const std::string& path, const AnalysisOptions& o, const ProgressFn& progress,
+                     std::uint64_t& next_item)
+      : path_(path),
+        o_(o),
+        progress_(progress),
+        next_item_(next_item),
+        src_(io::open_checkpoint(path)) {}
+
+  CheckpointReport run() {
+    detect_layers();
+    open_inputs();
+    check_heads();
+    count_work();
+    for (std::size_t i = 0; i < todo_.size(); ++i) rep_.layers.push_back(layer(i));
+    return std::move(rep_);
+  }
+
+ private:
+  bool mine(std::uint64_t item) const { return item % o_.shard_count == o_.shard_index; }
+
+  /// The report's header, the attention layers of the checkpoint and the selected ones.
+  void detect_layers() {
+    rep_.path = path_;
+    rep_.kind = src_.format();
+    rep_.lambda = o_.lambda;
+    rep_.target = o_.target;
+    rep_.causal = o_.causal;
+    if (o_.scale) rep_.scale = *o_.scale;
+    const io::LayerMap map = io::parse_layer_map(o_.map);
+    match_ = io::detect_layers(src_.layout_view(&map), io::parse_layout(o_.layout), path_, &map);
+    rep_.layout = match_.layout;
+    if (!o_.scale && match_.layout == io::Layout::T5) rep_.scale = 1.0;
+    rep_.head_config = head_config(src_, o_.heads, o_.kv_heads);
+
+    const IndexSelection sel = IndexSelection::parse(o_.layers, "--layers");
+    std::vector<std::int64_t> indices;
+    for (const auto& L : match_.layers) indices.push_back(L.index);  // sorted by detect_layers
+    sel.require_within(indices, "attention layer", path_);
+    for (auto& L : match_.layers)
+      if (sel.contains(L.index)) todo_.push_back(&L);
+  }
+
+  /// The inputs X of the Jacobian analysis: one for all layers, one per layer, or synthetic; and
+  /// RoPE of the self-attention layers.
+  void open_inputs() {
+    if (!o_.jacobian) return;
+    inputs_ = std::make_unique<LayerInputs>(o_.inputs);
+    if (!inputs_->empty()) {
+      rep_.inputs = inputs_->describe();
+    } else {
+      if (o_.tokens < 1)
+        throw BadInput("--tokens must be >= 1 (got " + std::to_string(o_.tokens) + ")");
+      rep_.inputs = "synthetic (seed " + std::to_string(o_.seed) + ")";
+    }
+    rope_ = rope_config(src_, match_.layout, o_);
+  }
+
+  /// The heads of every selected layer, and the refusals of --jacobian, before any tensor is read.
+  void check_heads() {
+    for (io::AttentionLayerSpec* L : todo_) {
+      heads_.push_back(io::resolve_heads(*L, rep_.head_config, path_));
+      if (!o_.jacobian || L->cross) continue;
+      if (!rope_.refusal.empty())
+        throw BadInput(path_ + ": layer " + std::to_string(L->index) +
+                       ": its positions cannot be modelled for --jacobian: " + rope_.refusal +
+                       ". Pass --rope none to analyse the block without RoPE, or --rope "
+                       "rotate_half|interleaved [--rope-theta T] [--rope-dims R] to model plain "
+                       "RoPE");
+      std::vector<std::int64_t> heads(static_cast<std::size_t>(heads_.back().heads));
+      for (std::size_t h = 0; h < heads.size(); ++h) heads[h] = static_cast<std::int64_t>(h);
+      o_.jacobian_heads.require_within(heads, "head",
+                                       path_ + ": layer " + std::to_string(L->index));
+    }
+  }
+
+  /// The units of work the progress is counted in: one per layer's weights, one per κ(J).
+  void count_work() {
+    std::uint64_t k = next_item_;
+    for (std::size_t i = 0; i < todo_.size(); ++i) {
+      units_ += 1;
+      if (o_.jacobian && !todo_[i]->cross)
+        for (std::int64_t h = 0; h < heads_[i].heads; ++h)
+          if (o_.jacobian_heads.contains(h) && mine(k++))
+            units_ += o_.jacobian_corrections ? 4.0 : 1.0;
+    }
+  }
+
+  void tick(double n) {
+    std::lock_guard<std::mutex> lock(tick_mutex_);  // heads run on several threads with --jobs
+    done_ += n;
+    if (progress_) progress_(units_ > 0 ? done_ / units_ : 1.0);
+  }
+
+  /// Layer number i of the selection: its weights' statistics, then κ(J) of its heads.
+  LayerStats layer(std::size_t i) {
+    const io::AttentionLayerSpec& L = *todo_[i];
+    LayerStats ls;
+    ls.spec = L;
+    ls.heads = heads_[i];
+    ls.shared_by = io::shared_by(L, rep_.head_config);
+    if (L.unscaled)
+      ls.note =
+          "logits are not divided by sqrt(d_k) in this model (T5); its relative position bias "
+          "(an additive logit term) is not modelled";
+    const Weights W = read_weights(L);
+    whole_stats(L, ls.heads, W, ls);
+    if (o_.per_head) ls.per_head = head_stats(L, ls.heads, W);
+    tick(1);
+    if (o_.jacobian && L.cross) {
+      ls.note =
+          "cross-attention: kappa(J) not computed (its queries and its keys and values "
+          "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
+          (ls.note.empty() ? std::string() : "; " + ls.note);
+    } else if (o_.jacobian) {
+      jacobians(L, W, ls);
+    }
+    return ls;
+  }
+
+  /// W_Q, W_K, W_V of layer L, each tensor read once (q, k, v may share one fused tensor).
+  Weights read_weights(const io::AttentionLayerSpec& L) const {
+    std::map<std::string, Mat<double>> tensors;
+    auto proj = [&](const io::ProjectionSlot& s) {
+      auto it = tensors.find(s.tensor);
+      if (it == tensors.end()) {
+        if (o_.verbose)
+          std::cerr << "spectral-cond: reading " << s.tensor << " from " << src_.file_of(s.tensor)
+                    << '\n';
+        it = tensors.emplace(s.tensor, src_.matrix(s.tensor)).first;
+      }
+      return io::extract_projection(s, it->second);
+    };
+    Weights W;
+    W.q = proj(L.q);
+    W.k = proj(L.k);
+    W.v = proj(L.v);
+    return W;
+  }
+
+  /// The statistics of the three whole projections, on --jobs threads: the addends are taken
+  /// from the cache (not thread-safe) first, then each task writes only its own MatrixStats.
+  void whole_stats(const io::AttentionLayerSpec& L, const io::LayerHeads& H, const Weights& W,
+                   LayerStats& ls) {
+    struct Task {
+      const char* role;
+      const std::string* tensor;
+      io::Dtype dtype;
+      const Mat<double>* matrix;
+      const Addend *fused, *per_head;
+      bool one_head;
+      MatrixStats* out;
+    };
+    std::vector<Task> tasks;
+    auto add = [&](const char* role, const io::ProjectionSlot& s, const Mat<double>& M, Index nh,
+                   Index d, MatrixStats& out) {
+      const Index D = L.D;
+      const Addend& Ef = addends_.get({D, M.cols(), 0, 0, 0, 0},
+                                      [&] { return Mat<double>::Identity(D, M.cols()); });
+      const Addend& Ep = addends_.get({D, M.cols(), nh, d, 0, 1}, [&] {
+        return lambda_identity<double>(D, nh, d, Placement::PerHead);
+      });
+      tasks.push_back({role, &s.tensor, src_.dtype(s.tensor), &M, &Ef, &Ep, nh == 1, &out});
+    };
+    add("W_Q", L.q, W.q, H.heads, H.d_k, ls.q);
+    add("W_K", L.k, W.k, H.kv_heads, H.d_k, ls.k);
+    add("W_V", L.v, W.v, H.kv_heads, H.d_v, ls.v);
+    parallel_for(tasks.size(), resolved_jobs(o_.jobs, tasks.size()), [&](std::size_t i) {
+      const Task& t = tasks[i];
+      *t.out = matrix_stats(t.role, *t.tensor, t.dtype, *t.matrix, *t.fused, *t.per_head,
+                            t.one_head, o_.lambda, o_.target);
+    });
+  }
+
+  /// --per-head: the statistics of every head's D x d block (a key/value group's once).
+  std::vector<HeadStats> head_stats(const io::AttentionLayerSpec& L, const io::LayerHeads& H,
+                                    const Weights& W) {
+    const Index D = L.D;
+    auto block = [&](const std::string& role, const io::ProjectionSlot& s, const Mat<double>& M,
+                     Index j, Index d) {
+      const Addend& Ef = addends_.get({D, M.cols(), 0, d, j * d, 2}, [&] {
+        return Mat<double>(Mat<double>::Identity(D, M.cols()).middleCols(j * d, d));
+      });
+      const Addend& Ep =
+          addends_.get({D, d, 0, 0, 0, 0}, [&] { return Mat<double>::Identity(D, d); });
+      return matrix_stats(role, s.tensor, src_.dtype(s.tensor), M.middleCols(j * d, d), Ef, Ep,
+                          j == 0, o_.lambda, o_.target);
+    };
+    std::vector<MatrixStats> ks, vs;
+    for (Index g = 0; g < H.kv_heads; ++g) {
+      ks.push_back(block("W_K", L.k, W.k, g, H.d_k));
+      vs.push_back(block("W_V", L.v, W.v, g, H.d_v));
+    }
+    const Index group = H.heads / H.kv_heads;
+    std::vector<HeadStats> out;
+    for (Index h = 0; h < H.heads; ++h) {
+      HeadStats hs;
+      hs.head = h;
+      hs.kv_head = h / group;
+      hs.q = block("W_Q", L.q, W.q, h, H.d_k);
+      hs.k = ks[static_cast<std::size_t>(hs.kv_head)];
+      hs.v = vs[static_cast<std::size_t>(hs.kv_head)];
+      out.push_back(std::move(hs));
+    }
+    return out;
+  }
+
+  /// X of layer L (synthetic tokens made once per D), checked against the layer's D.
+  Mat<double> layer_X(const io::AttentionLayerSpec& L) {
+    std::string from = "synthetic tokens";
+    Mat<double> X;
+    if (inputs_->empty()) {
+      auto it = synthetic_.find(L.D);
+      if (it == synthetic_.end())
+        it = synthetic_.emplace(L.D, synthetic_tokens(o_.tokens, L.D, o_.seed)).first;
+      X = it->second;
+    } else {
+      X = inputs_->for_layer(L, from);
+    }
+    if (X.cols() != L.D)
+      throw BadInput(from + ": X must be N x D with D = " + std::to_string(L.D) + " (layer " +
+                     std::to_string(L.index) + ", tensor " + L.q.tensor + "), got " +
+                     shape_str(X.rows(), X.cols()));
+    return X;
+  }
+
+  /// Biases and RoPE of layer L as the model computes attention (MATH.md §10).
+  LayerModel layer_model(const io::AttentionLayerSpec& L, const io::LayerHeads& H) const {
+    LayerModel m;
+    if (o_.biases) read_layer_biases(src_, L, m);
+    m.rope_source = rope_.source;
+    if (rope_.present) m.rope = rope_.for_head(H.d_k);
+    if (m.extended() && o_.device == "cuda")
+      throw BadInput(path_ + ": layer " + std::to_string(L.index) +
+                     ": --device cuda does not model biases or RoPE; use --device cpu, or "
+                     "--no-biases --rope none for the block without them");
+    return m;
+  }
+
+  /// This shard's heads of a layer for κ(J) (all of them without --shard).
+  std::vector<Index> shard_heads(const io::LayerHeads& H) {
+    std::vector<Index> heads;
+    for (Index h = 0; h < H.heads; ++h)
+      if (o_.jacobian_heads.contains(h) && mine(next_item_++)) heads.push_back(h);
+    return heads;
+  }
+
+  /// Every head of `heads` with its corrected variants: [original, fused, per-head, exact].
+  std::vector<std::vector<Weights>> variants(const Weights& W, const io::LayerHeads& H,
+                                             const std::vector<Index>& heads) const {
+    // The exact correction of each whole projection (MATH.md §6), sliced per head below.
+    Weights exact;
+    if (o_.jacobian_corrections && !heads.empty()) {
+      exact.q = exact_correction(W.q, o_.target).W_corrected;
+      exact.k = exact_correction(W.k, o_.target).W_corrected;
+      exact.v = exact_correction(W.v, o_.target).W_corrected;
+    }
+    const Index group = H.heads / H.kv_heads;
+    const double l = o_.lambda;
+    std::vector<std::vector<Weights>> out;
+    for (const Index h : heads) {
+      const Index cq = h * H.d_k, ck = h / group * H.d_k, cv = h / group * H.d_v;
+      std::vector<Weights> w;
+      w.push_back(
+          {W.q.middleCols(cq, H.d_k), W.k.middleCols(ck, H.d_k), W.v.middleCols(cv, H.d_v)});
+      if (o_.jacobian_corrections) {
+        w.push_back({fused_slice(W.q, cq, H.d_k, l), fused_slice(W.k, ck, H.d_k, l),
+                     fused_slice(W.v, cv, H.d_v, l)});
+        w.push_back({per_head_slice(W.q, cq, H.d_k, l), per_head_slice(W.k, ck, H.d_k, l),
+                     per_head_slice(W.v, cv, H.d_v, l)});
+        w.push_back({exact.q.middleCols(cq, H.d_k), exact.k.middleCols(ck, H.d_k),
+                     exact.v.middleCols(cv, H.d_v)});
+      }
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+
+  /// κ(J) and Theorem 3.4 of every selected head of layer L and of its corrected variants, on
+  /// --jobs threads (or batched on the GPU with --device cuda).
+  void jacobians(const io::AttentionLayerSpec& L, const Weights& W, LayerStats& ls) {
+    const io::LayerHeads& H = ls.heads;
+    ls.jacobian_analyzed = true;
+    LayerJacobianJob job;
+    job.L = &L;
+    job.H = &H;
+    job.X = layer_X(L);
+    ls.tokens = job.X.rows();
+    rep_.tokens = std::max(rep_.tokens, job.X.rows());
+    ls.model = layer_model(L, H);
+    job.model = &ls.model;
+    job.ao.scale = o_.scale;
+    if (!o_.scale && L.unscaled) job.ao.scale = 1.0;
+    job.ao.mask = o_.causal ? MaskKind::Causal : MaskKind::None;
+    job.bo.blocks = o_.blocks;
+    job.bo.jacobian.method = o_.method;
+    job.bo.jacobian.tol = o_.tol;
+    const std::vector<Index> heads = shard_heads(H);
+    const std::vector<std::vector<Weights>> w = variants(W, H, heads);
+    if (o_.device == "cuda" && !heads.empty()) job.device_J = device_jacobians(job, w);
+    const unsigned threads = o_.device == "cuda" ? 1u : resolved_jobs(o_.jobs, heads.size());
+    if (threads > 1) {
+      const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+      job.bo.jacobian.qr.threads = std::max(1u, hw / threads);
+    }
+    // Named once, before the threads start (a sharded checkpoint finds a tensor's file lazily).
+    job.where = src_.file_of(L.q.tensor) + ": layer " + std::to_string(L.index);
+    ls.jacobian.resize(heads.size());
+    parallel_for(heads.size(), threads, [&](std::size_t i) {
+      ls.jacobian[i] = head_jacobians(job, heads[i], w[i], i * w[i].size());
+    });
+  }
+
+  /// --device cuda: κ(J) of every head and variant in one batch on the GPU (the other terms of
+  /// Theorem 3.4 stay on the CPU), in the order of the slots head_jacobians uses.
+  static std::vector<ConditionResult<double>> device_jacobians(
+      const LayerJacobianJob& job, const std::vector<std::vector<Weights>>& w) {
+    std::vector<Mat<double>> qs, ks, vs;
+    for (const auto& head : w)
+      for (const Weights& hw : head) {
+        qs.push_back(hw.q);
+        ks.push_back(hw.k);
+        vs.push_back(hw.v);
+      }
+    AttentionOptions<double> ao = job.ao;
+    ao.scale = job.ao.resolved_scale(job.H->d_k);
+    return device_kappa_jacobian(job.X, qs, ks, vs, ao, job.bo.jacobian);
+  }
+
+  /// Head h: the report of its weights w[0], then of each corrected variant w[1..]; `slot` is
+  /// w[0]'s place in the device batch. Equal weights give the same report: the original's, or
+  /// the fused one's for the per-head placement (one head, or head 0).
+  JacobianStats head_jacobians(const LayerJacobianJob& job, Index h, const std::vector<Weights>& w,
+                               std::size_t slot) {
+    JacobianStats js;
+    js.head = h;
+    js.kv_head = h / (job.H->heads / job.H->kv_heads);
+    js.report = theorem34_of(job, w[0], h, slot, js.seconds);
+    tick(1);
+    for (std::size_t v = 1; v < w.size(); ++v) {
+      CorrectedJacobian cj;
+      cj.correction = kCorrections[v - 1];
+      const std::size_t same = static_cast<std::size_t>(
+          std::find(w.begin(), w.begin() + static_cast<long>(v), w[v]) - w.begin());
+      if (same == 0) {
+        cj.unchanged = true;
+        cj.report = js.report;
+      } else if (same < v) {
+        cj.report = js.corrected[same - 1].report;
+      } else {
+        cj.report = theorem34_of(job, w[v], h, slot + v, cj.seconds);
+      }
+      js.corrected.push_back(std::move(cj));
+      tick(1);
+    }
+    return js;
+  }
+
+  /// Theorem 3.4 (with κ(J)) of head h on weights w, with the head's biases and RoPE; its time.
+  Theorem34Report theorem34_of(const LayerJacobianJob& job, const Weights& w, Index h,
+                               std::size_t slot, double& seconds) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    BoundOptions bo = job.bo;
+    if (!job.device_J.empty()) bo.jacobian_result = &job.device_J[slot];
+    const io::LayerHeads& H = *job.H;
+    const LayerModel& m = *job.model;
+    const Index g = h / (H.heads / H.kv_heads);
+    AttentionOptions<double> ao = job.ao;
+    if (m.bq.size() > 0) ao.bias_q = m.bq.segment(h * H.d_k, H.d_k);
+    if (m.bk.size() > 0) ao.bias_k = m.bk.segment(g * H.d_k, H.d_k);
+    if (m.bv.size() > 0) ao.bias_v = m.bv.segment(g * H.d_v, H.d_v);
+    ao.rope = m.rope;
+    require_finite_attention(
+        job.X, w.q, w.k, w.v, ao,
+        job.where + " head " + std::to_string(h) + " (tensor " + io::quote(job.L->q.tensor) + ")");
+    Theorem34Report r = theorem34<double>(job.X, w.q, w.k, w.v, ao, bo);
+    if (r.J.info == Info::InvalidInput)
+      throw NumericalFailure(path_ + ": layer " + std::to_string(job.L->index) + " head " +
+                             std::to_string(h) + ": kappa(J) could not be computed (" + r.J.note +
+                             ")");
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  const std::string& path_;
+  const AnalysisOptions& o_;
+  const ProgressFn& progress_;
+  std::uint64_t& next_item_;
+  CheckpointReader src_;
+  CheckpointReport rep_;
+  io::LayoutMatch match_;
+  std::vector<io::AttentionLayerSpec*> todo_;  ///< the selected layers, in match_
+  std::vector<io::LayerHeads> heads_;          ///< of each of todo_
+  std::unique_ptr<LayerInputs> inputs_;        ///< with --jacobian
+  std::map<Index, Mat<double>> synthetic_;     ///< synthetic tokens, by D
+  io::RopeConfig rope_;                        ///< with --jacobian
+  AddendCache addends_;
+  double units_ = 0, done_ = 0;
+  std::mutex tick_mutex_;
+};
+
+}  // namespace
+
+CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
+                                    const ProgressFn& progress, std::uint64_t* item) {
+  std::uint64_t local_item = 0;
+  return CheckpointAnalysis(path, o, progress, item ? *item : local_item).run();
+}
+
+}  // namespace spectral_cond::cli
