@@ -179,11 +179,22 @@ inline double sigma_max_lower_bound(const KJInputs& in, Index iterations, std::u
   return best;
 }
 
-/// y = J J^T x by one VJP then one JVP through an existing JacobianProducts (the operator of
+// The products backend of the methods that iterate with J itself (lobpcg, matfree; MATH.md §12):
+// any class P whose objects offer
+//   Index rows() const;                                       m = N d_v
+//   Index cols() const;                                       n = D (2 d_k + d_v)
+//   void apply(const double* x, double* y) const;             y = J x    (x: n, y: m)
+//   void apply_transpose(const double* x, double* y) const;   y = J^T x  (x: m, y: n)
+// JacobianProducts<double> (operators.hpp, one JVP or VJP on the CPU) is the host's;
+// cuda::detail::DeviceProducts (cuda/backends.cuh) computes the same products on a GPU, so that
+// the drivers (LobpcgRun, lobpcg_sigma_min, matfree_condition) run unchanged on either.
+
+/// y = J J^T x by one VJP then one JVP through an existing products backend (the operator of
 /// GramOp without a second forward pass), for Lanczos.
+template <typename Products>
 struct ProductsGram {
   using Scalar = double;
-  explicit ProductsGram(const JacobianProducts<double>& J) : J_(J), t_(J.cols()) {}
+  explicit ProductsGram(const Products& J) : J_(J), t_(J.cols()) {}
   Index rows() const { return J_.rows(); }
   Index cols() const { return J_.rows(); }
   void perform_op(const double* x, double* y) const {
@@ -192,7 +203,7 @@ struct ProductsGram {
   }
 
  private:
-  const JacobianProducts<double>& J_;
+  const Products& J_;
   mutable Vec<double> t_;
 };
 
@@ -226,9 +237,10 @@ struct LobpcgRun {
   }
 
   /// σ_max by Lanczos on J J^T (tolerance at most 1e-13; squaring does not hurt the largest) and
-  /// the rank tolerance. False when Lanczos did not converge.
-  bool find_sigma_max(const JacobianProducts<double>& J, Index rows, Index cols) {
-    ProductsGram op(J);
+  /// the rank tolerance. False when Lanczos did not converge. J: a products backend (above).
+  template <typename Products>
+  bool find_sigma_max(const Products& J, Index rows, Index cols) {
+    ProductsGram<Products> op(J);
     LanczosOptions lo = jo.lanczos;
     lo.tol = std::min(lo.tol, 1e-13);
     const LanczosOutcome big = lanczos_largest(op, lo);
