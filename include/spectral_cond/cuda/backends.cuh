@@ -3,11 +3,14 @@
 //   DeviceOp          a Spectra operator on a device matrix (for the one Lanczos helper)
 //   DeviceGram        the Gram backend of detail::gram_condition_of (conditioning/methods/gram.hpp)
 //   DeviceTriangular  the triangular backend of detail::condition_of_triangular (methods/qr.hpp)
-// Each operator product copies x to the device, runs cuBLAS, and copies y back.
+//   DeviceProducts    the products backend of detail::matfree_condition (methods/matfree.hpp,
+//                     interface in methods/common.hpp): J x and J^T x by the device's JVP and VJP
+// Each product copies x to the device, runs cuBLAS (and the softmax kernel), and copies y back.
 #pragma once
 
 #include "spectral_cond/conditioning/methods/gram.hpp"
 #include "spectral_cond/conditioning/methods/qr.hpp"
+#include "spectral_cond/cuda/attention.cuh"
 #include "spectral_cond/cuda/context.cuh"
 #include "spectral_cond/cuda/kernels.cuh"
 
@@ -150,6 +153,75 @@ class DeviceTriangular {
   DeviceContext* ctx_;
   const double* R_;
   int k_;
+};
+
+/// The products backend (methods/common.hpp) of one head on the device, in double: J x by the
+/// JVP and J^T x by the VJP of MATH.md §2 (attention.cuh's jvp and vjp, a few cuBLAS GEMMs and
+/// the softmax kernel each), the forward pass run once in the constructor. The inputs are copied
+/// into the context's workspace (buffers X, W_Q, ..., shared with the batched routines), so one
+/// DeviceProducts at a time per context.
+class DeviceProducts {
+ public:
+  DeviceProducts(DeviceContext& ctx, const Mat<double>& X, const Mat<double>& WQ,
+                 const Mat<double>& WK, const Mat<double>& WV, const AttentionOptions<double>& opts)
+      : ctx_(&ctx) {
+    AttentionBatch<double> b;
+    b.X = {X};
+    b.WQ = {WQ};
+    b.WK = {WK};
+    b.WV = {WV};
+    b.opts = opts;
+    b.check("cuda::DeviceProducts");
+    d_ = upload_batch(ctx, b);
+    forward(ctx, d_);
+    rows_ = jacobian_rows(d_.N, d_.dv);
+    cols_ = jacobian_cols(JacobianBlock::All, d_.N, d_.D, d_.dk, d_.dv);
+    in_ = ctx.buffer<double>("products_in", static_cast<size_t>(std::max(rows_, cols_)));
+    out_ = ctx.buffer<double>("products_out", static_cast<size_t>(std::max(rows_, cols_)));
+  }
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+
+  /// y (rows) = J x (cols), x = [vec dW_Q; vec dW_K; vec dW_V]: one JVP.
+  void apply(const double* x, double* y) const {
+    copy_in(x, cols_);
+    const size_t Dk = static_cast<size_t>(d_.sW(d_.dk));
+    jvp<double>(*ctx_, d_, in_, in_ + Dk, in_ + 2 * Dk, nullptr, out_);
+    copy_out(y, rows_);
+  }
+
+  /// y (cols) = J^T x (rows), x = vec G: one VJP without its X part.
+  void apply_transpose(const double* x, double* y) const {
+    copy_in(x, rows_);
+    const size_t Dk = static_cast<size_t>(d_.sW(d_.dk));
+    vjp<double>(*ctx_, d_, in_, out_, out_ + Dk, out_ + 2 * Dk, nullptr);
+    copy_out(y, cols_);
+  }
+
+ private:
+  void copy_in(const double* x, Index n) const {
+    SC_CUDA_CHECK(cudaMemcpyAsync(in_, x, static_cast<size_t>(n) * sizeof(double),
+                                  cudaMemcpyHostToDevice, ctx_->stream()));
+  }
+  void copy_out(double* y, Index n) const {
+    SC_CUDA_CHECK(cudaMemcpyAsync(y, out_, static_cast<size_t>(n) * sizeof(double),
+                                  cudaMemcpyDeviceToHost, ctx_->stream()));
+    SC_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
+  }
+  DeviceContext* ctx_;
+  DeviceBatch<double> d_;
+  Index rows_ = 0, cols_ = 0;
+  double* in_ = nullptr;
+  double* out_ = nullptr;
+};
+
+/// What matfree_condition calls to get its products backend: DeviceProducts on `ctx`.
+struct DeviceProductsMaker {
+  DeviceContext* ctx;
+  DeviceProducts operator()(const Mat<double>& X, const Mat<double>& WQ, const Mat<double>& WK,
+                            const Mat<double>& WV, const AttentionOptions<double>& opts) const {
+    return DeviceProducts(*ctx, X, WQ, WK, WV, opts);
+  }
 };
 
 }  // namespace detail

@@ -1,10 +1,12 @@
 // spectral_cond CUDA path: κ(J) of every head of a batch (MATH.md §3–4, §12), in double, by the
 // CPU's own drivers with device backends (backends.cuh): the gram route (G formed on the device,
-// read by detail::gram_condition_of: syevd or Cholesky + Lanczos; accuracy ε κ^2) and the qr
-// route (compressed J~ on the device, cuSOLVER geqrf, R read by detail::condition_of_triangular;
-// accuracy ε κ).
+// read by detail::gram_condition_of: syevd or Cholesky + Lanczos; accuracy ε κ^2), the qr route
+// (compressed J~ on the device, cuSOLVER geqrf, R read by detail::condition_of_triangular;
+// accuracy ε κ) and the matfree route (detail::matfree_condition with J x and J^T x by the
+// device's JVP and VJP; accuracy ε κ + η).
 #pragma once
 
+#include "spectral_cond/conditioning/methods/matfree.hpp"
 #include "spectral_cond/cuda/backends.cuh"
 #include "spectral_cond/cuda/gram.cuh"
 #include "spectral_cond/jacobian/compressed.hpp"
@@ -106,6 +108,21 @@ inline ConditionResult<double> qr_route(DeviceContext& ctx, const DeviceBatch<do
   return res;
 }
 
+/// The matfree route for item i (MATH.md §12, matfree): kappa_jacobian_matfree's own steps
+/// (check_kj_inputs, matfree_condition, validated) with every product by J and J^T on the device
+/// (DeviceProducts); the preconditioner, LOBPCG's small dense algebra and the checks on the host.
+template <typename Scalar>
+ConditionResult<double> matfree_route(DeviceContext& ctx, const AttentionBatch<Scalar>& b, Index i,
+                                      const JacobianKappaOptions& jo) {
+  namespace cpu = spectral_cond::detail;
+  const size_t u = static_cast<size_t>(i);
+  if (auto bad = cpu::check_kj_inputs<Scalar>("cuda::kappa_jacobian_batched", b.x(i), b.WQ[u],
+                                              b.WK[u], b.WV[u], b.opts, jo, "matfree"))
+    return *bad;
+  const cpu::KJInputs in = cpu::kj_inputs<Scalar>(b.x(i), b.WQ[u], b.WK[u], b.WV[u], b.opts);
+  return cpu::validated(in, cpu::matfree_condition(in, jo, DeviceProductsMaker{&ctx}), jo);
+}
+
 }  // namespace detail
 
 template <typename Scalar>
@@ -118,9 +135,9 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
   b.check(fn);
   const JacobianKappaMethod method = o.jacobian.method;
   if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
-      method == JacobianKappaMethod::Lobpcg || method == JacobianKappaMethod::Matfree)
-    spectral_cond::detail::fail(
-        fn, std::string("method ") + to_string(method) + " is CPU-only (use gram, qr or auto)");
+      method == JacobianKappaMethod::Lobpcg)
+    spectral_cond::detail::fail(fn, std::string("method ") + to_string(method) +
+                                        " is CPU-only (use gram, qr, matfree or auto)");
   DeviceContext& ctx = context.device();
   std::vector<ConditionResult<double>> out;
   // The options of item i: the drivers' progress, from 0 to 1, mapped into the batch's.
@@ -132,6 +149,11 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
       };
     return jo;
   };
+  if (method == JacobianKappaMethod::Matfree) {  // host inputs; J x and J^T x on the device
+    for (Index i = 0; i < b.size(); ++i)
+      out.push_back(detail::matfree_route(ctx, b, i, item_options(i)));
+    return out;
+  }
   const AttentionBatch<double> bd = detail::to_double_batch(b);
   detail::DeviceBatch<double> d = detail::upload_batch(ctx, bd);
   detail::forward(ctx, d);
