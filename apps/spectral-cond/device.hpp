@@ -31,7 +31,7 @@ inline constexpr bool built_with_cuda() {
 }
 
 /// Checks `--device` before any work: cpu always works; cuda needs a CUDA build, a visible GPU
-/// and a κ(J) method that has a GPU route (auto, gram or qr).
+/// and a κ(J) method that has a GPU route (auto, gram, qr or matfree).
 inline void require_device(const std::string& device, JacobianKappaMethod method) {
   if (device != "cuda") return;
   if (!built_with_cuda())
@@ -39,9 +39,9 @@ inline void require_device(const std::string& device, JacobianKappaMethod method
         "--device cuda: spectral-cond was built without CUDA (configure with "
         "-DSPECTRAL_COND_ENABLE_CUDA=ON)");
   if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
-      method == JacobianKappaMethod::Lobpcg || method == JacobianKappaMethod::Matfree)
+      method == JacobianKappaMethod::Lobpcg)
     throw BadInput(std::string("--device cuda: --method ") + to_string(method) +
-                   " has no GPU route (use auto, gram or qr)");
+                   " has no GPU route (use auto, gram, qr or matfree)");
 #ifdef SPECTRAL_COND_HAVE_CUDA
   if (!cuda::available())
     throw BadInput("--device cuda: no CUDA device is visible (cudaGetDeviceCount found none)");

@@ -46,6 +46,38 @@ Scalar exact_alpha(Scalar s1, Scalar sr, const std::optional<Scalar>& target) {
   if (!target) return s1;
   return s1 > *target * sr ? (s1 - *target * sr) / (*target - Scalar(1)) : Scalar(0);
 }
+
+/// The report of the exact correction of an m x n W (MATH.md §6) from W's singular values `S`
+/// (decreasing, min(m, n) of them, finite) and the κ of the corrected W + C, `after`, however
+/// that was computed: α, κ before, the theorem's prediction, whether W was corrected, κ after,
+/// Info and the note. C and W_corrected are left to the caller. Shared by exact_correction_from_svd
+/// and the GPU's exact_correction_batched, so that both report by the same rules.
+template <typename Scalar>
+ExactCorrection<Scalar> exact_correction_report(const Vec<Scalar>& S, Index m, Index n,
+                                                const std::optional<Scalar>& target,
+                                                const ConditionResult<Scalar>& after) {
+  ExactCorrection<Scalar> res;
+  res.target = target;
+  const Scalar s1 = S(0), sr = S(S.size() - 1);
+  res.kappa_before = condition_from_singular_values<Scalar>(S, m, n).kappa;
+  res.alpha = exact_alpha<Scalar>(s1, sr, target);
+  std::ostringstream note;
+  if (!target) {
+    res.kappa_predicted = s1 > Scalar(0) ? Scalar(2) * s1 / (s1 + sr) : ScalarTraits<Scalar>::inf();
+  } else if (res.alpha > Scalar(0)) {
+    res.kappa_predicted = *target;
+  } else {
+    res.kappa_predicted = res.kappa_before;
+    note << "no correction needed: sigma_1 <= t sigma_r (kappa(W) = " << res.kappa_before
+         << " <= t = " << *target << "); alpha = 0";
+  }
+  res.corrected = res.alpha > Scalar(0);
+  res.kappa_after = after.kappa;
+  res.info = after.info;
+  if (s1 == Scalar(0)) note << "W = 0: the correction is zero and W + C stays singular";
+  res.note = note.str();
+  return res;
+}
 }  // namespace detail
 
 /// The exact correction from a precomputed thin SVD of W (for refreshes during training, where
@@ -75,33 +107,19 @@ ExactCorrection<Scalar> exact_correction_from_svd(const CRef<Scalar>& W, const T
     res.note = "W or its SVD contains NaN or Inf";
     return res;
   }
-  const Scalar s1 = svd.S(0), sr = svd.S(r - 1);
-  res.kappa_before = condition_from_singular_values<Scalar>(svd.S, m, n).kappa;
-  res.alpha = detail::exact_alpha<Scalar>(s1, sr, target);
-  std::ostringstream note;
-  if (!target) {
-    res.kappa_predicted = s1 > Scalar(0) ? Scalar(2) * s1 / (s1 + sr) : ScalarTraits<Scalar>::inf();
-  } else if (res.alpha > Scalar(0)) {
-    res.kappa_predicted = *target;
-  } else {
-    res.kappa_predicted = res.kappa_before;
-    note << "no correction needed: sigma_1 <= t sigma_r (kappa(W) = " << res.kappa_before
-         << " <= t = " << *target << "); alpha = 0";
-  }
-  res.corrected = res.alpha > Scalar(0);
-  res.C.noalias() = res.alpha * svd.U * svd.V.transpose();
-  res.W_corrected = W + res.C;
+  const Scalar alpha = detail::exact_alpha<Scalar>(svd.S(0), svd.S(r - 1), target);
+  Mat<Scalar> C = alpha * svd.U * svd.V.transpose();
+  Mat<Scalar> W_corrected = W + C;
   // κ(W + C) is at most 2 when the correction is the plain one: in double, the Gram eigenvalues
   // give it to ε κ^2 <= 1e-12 at half the cost of the SVD that `kappa` falls back to.
   ConditionResult<Scalar> after;
   if constexpr (std::is_same<Scalar, double>::value)
-    after = detail::kappa_via_gram_or_svd(res.W_corrected);
+    after = detail::kappa_via_gram_or_svd(W_corrected);
   else
-    after = kappa(res.W_corrected);
-  res.kappa_after = after.kappa;
-  res.info = after.info;
-  if (s1 == Scalar(0)) note << "W = 0: the correction is zero and W + C stays singular";
-  res.note = note.str();
+    after = kappa(W_corrected);
+  res = detail::exact_correction_report<Scalar>(svd.S, m, n, target, after);
+  res.C = std::move(C);
+  res.W_corrected = std::move(W_corrected);
   return res;
 }
 

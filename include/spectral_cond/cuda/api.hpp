@@ -9,9 +9,10 @@
 //   attention_*_batched     attention.hpp (MATH.md §2), per head
 //   attention_gram_batched  gram.hpp, block All (MATH.md §3)
 //   attention_jacobian      jacobian.hpp, block All (MATH.md §3)
-//   kappa_jacobian_batched  jacobian_kappa.hpp gram route and qr_kappa.hpp (MATH.md §3–4)
+//   kappa_jacobian_batched  methods/gram.hpp, qr.hpp, matfree.hpp: their own drivers with device
+//                           backends (backends.cuh; MATH.md §3–4, §12)
 //   kappa_batched           kappa.hpp (MATH.md §4)
-//   exact_correction_batched corrections.hpp (MATH.md §6, Theorem 3.5)
+//   exact_correction_batched corrections.hpp's report (MATH.md §6, Theorem 3.5)
 // Errors of CUDA, cuBLAS and cuSOLVER calls throw spectral_cond::cuda::CudaError (a
 // std::runtime_error naming the call and its status); bad shapes throw std::invalid_argument.
 #pragma once
@@ -151,9 +152,9 @@ enum class GramSolver {
 };
 
 /// Options of kappa_jacobian_batched. `jacobian` is the CPU path's own options struct: method
-/// (Gram, Qr or Auto; Dense and Iterative are CPU-only), tol, rtol, gram_eig_max,
-/// max_iterations, iter_tol, seed. `qr` configures the qr route as on the CPU (rtol, tol,
-/// max_restarts, ncv, dense_svd_max, seed).
+/// (Gram, Qr, Matfree or Auto; Dense, Iterative and Lobpcg are CPU-only), tol, rtol,
+/// gram_eig_max, lanczos, matfree (the LOBPCG options of the matfree route), progress. `qr`
+/// configures the qr route as on the CPU (rtol, lanczos, dense_svd_max).
 struct CudaKappaOptions {
   JacobianKappaOptions jacobian;
   QrKappaOptions qr;
@@ -169,7 +170,10 @@ struct CudaKappaOptions {
 ///         syevd or Cholesky + Lanczos; accuracy ε κ^2, reported as on the CPU.
 ///   Qr:   J~ (rank of X from the CPU's truncated SVD) assembled on the device, cuSOLVER geqrf of
 ///         J~^T (or of J~ when tall), σ of R; accuracy ε κ.
-///   Auto: Gram, then Qr when Gram's ε κ^2 exceeds jacobian.tol (no dense route on the GPU).
+///   Matfree: the CPU's matrix-free driver (kappa_jacobian_matfree, MATH.md §12) with every
+///         product J x, J^T x by the device's JVP and VJP, the preconditioner built on the host;
+///         wide J only, nothing of order (N d_v)^2 formed; accuracy ε κ + η, as on the CPU.
+///   Auto: Gram, then Qr unless the CPU's rule keeps Gram (its ε κ^2 within jacobian.tol).
 template <typename Scalar>
 std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& ctx,
                                                             const AttentionBatch<Scalar>& b,

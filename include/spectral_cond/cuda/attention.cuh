@@ -126,6 +126,100 @@ Scalar* upload_optional(DeviceContext& ctx, const char* name,
   return dst;
 }
 
+/// JVP of every item after forward(d) (MATH.md §2): dA_i (N x d_v, stride N d_v) for the device
+/// tangents dW_Q, dW_K, dW_V (stride D d), dX (stride N D); nullptr stands for a zero tangent.
+template <typename Scalar>
+void jvp(DeviceContext& ctx, const DeviceBatch<Scalar>& d, const Scalar* dWQ, const Scalar* dWK,
+         const Scalar* dWV, const Scalar* dX, Scalar* dA) {
+  const size_t n = static_cast<size_t>(d.batch);
+  const long long sXt = d.sN(d.D), sP = static_cast<long long>(d.N) * d.N;
+  auto tangent = [&](const char* name, const Scalar* dW, const Scalar* W, int cols) -> Scalar* {
+    if (dW == nullptr && dX == nullptr) return nullptr;
+    Scalar* out = ctx.buffer<Scalar>(name, n * static_cast<size_t>(d.sN(cols)));
+    Scalar beta = 0;
+    if (dW != nullptr) {
+      detail::project(ctx, d, d.X, d.sX, dW, cols, Scalar(0), out);
+      beta = 1;
+    }
+    if (dX != nullptr) detail::project(ctx, d, dX, sXt, W, cols, beta, out);
+    return out;
+  };
+  Scalar* dQ = tangent("dQ", dWQ, d.WQ, d.dk);
+  Scalar* dK = tangent("dK", dWK, d.WK, d.dk);
+  Scalar* dV = tangent("dV", dWV, d.WV, d.dv);
+  Scalar beta = 0;
+  if (dQ != nullptr || dK != nullptr) {  // dZ / c = dQ K^T + Q dK^T, then the softmax derivative
+    Scalar* S = ctx.buffer<Scalar>("S", n * static_cast<size_t>(sP));
+    Scalar b2 = 0;
+    if (dQ != nullptr) {
+      blas::gemm_batched(ctx.blas(), false, true, d.N, d.N, d.dk, Scalar(1), dQ, d.N, d.sN(d.dk),
+                         d.K, d.N, d.sN(d.dk), Scalar(0), S, d.N, sP, d.batch);
+      b2 = 1;
+    }
+    if (dK != nullptr)
+      blas::gemm_batched(ctx.blas(), false, true, d.N, d.N, d.dk, Scalar(1), d.Q, d.N, d.sN(d.dk),
+                         dK, d.N, d.sN(d.dk), b2, S, d.N, sP, d.batch);
+    kernels::softmax_project<Scalar>
+        <<<dim3(static_cast<unsigned>(d.N), static_cast<unsigned>(d.batch)), kernels::kRowThreads,
+           0, ctx.stream()>>>(S, d.P, d.N, sP, d.c);
+    SC_CUDA_CHECK_LAUNCH("softmax_project");
+    blas::gemm_batched(ctx.blas(), false, false, d.N, d.dv, d.N, Scalar(1), S, d.N, sP, d.V, d.N,
+                       d.sN(d.dv), Scalar(0), dA, d.N, d.sN(d.dv), d.batch);
+    beta = 1;
+  }
+  if (dV != nullptr)
+    blas::gemm_batched(ctx.blas(), false, false, d.N, d.dv, d.N, Scalar(1), d.P, d.N, sP, dV, d.N,
+                       d.sN(d.dv), beta, dA, d.N, d.sN(d.dv), d.batch);
+  else if (beta == Scalar(0))
+    SC_CUDA_CHECK(
+        cudaMemsetAsync(dA, 0, n * static_cast<size_t>(d.sN(d.dv)) * sizeof(Scalar), ctx.stream()));
+}
+
+/// VJP of every item after forward(d) (MATH.md §2) for the device cotangents dG (N x d_v, stride
+/// N d_v): the gradients with respect to W_Q, W_K, W_V (stride D d each) and, unless gX is
+/// nullptr, X (stride N D).
+template <typename Scalar>
+void vjp(DeviceContext& ctx, const DeviceBatch<Scalar>& d, const Scalar* dG, Scalar* gWQ,
+         Scalar* gWK, Scalar* gWV, Scalar* gX) {
+  cublasHandle_t h = ctx.blas();
+  const size_t n = static_cast<size_t>(d.batch);
+  const long long sP = static_cast<long long>(d.N) * d.N;
+  Scalar* gQ = ctx.buffer<Scalar>("dQ", n * static_cast<size_t>(d.sN(d.dk)));
+  Scalar* gK = ctx.buffer<Scalar>("dK", n * static_cast<size_t>(d.sN(d.dk)));
+  Scalar* gV = ctx.buffer<Scalar>("dV", n * static_cast<size_t>(d.sN(d.dv)));
+  Scalar* S = ctx.buffer<Scalar>("S", n * static_cast<size_t>(sP));
+  // dL/dV = P^T G;  dL/dP = G V^T;  dL/dZ = P ∘ (dL/dP - rowsum(P ∘ dL/dP) 1^T)
+  blas::gemm_batched(h, true, false, d.N, d.dv, d.N, Scalar(1), d.P, d.N, sP, dG, d.N, d.sN(d.dv),
+                     Scalar(0), gV, d.N, d.sN(d.dv), d.batch);
+  blas::gemm_batched(h, false, true, d.N, d.N, d.dv, Scalar(1), dG, d.N, d.sN(d.dv), d.V, d.N,
+                     d.sN(d.dv), Scalar(0), S, d.N, sP, d.batch);
+  kernels::softmax_project<Scalar>
+      <<<dim3(static_cast<unsigned>(d.N), static_cast<unsigned>(d.batch)), kernels::kRowThreads, 0,
+         ctx.stream()>>>(S, d.P, d.N, sP, Scalar(1));
+  SC_CUDA_CHECK_LAUNCH("softmax_project");
+  // dL/dQ = c dL/dZ K;  dL/dK = c (dL/dZ)^T Q
+  blas::gemm_batched(h, false, false, d.N, d.dk, d.N, d.c, S, d.N, sP, d.K, d.N, d.sN(d.dk),
+                     Scalar(0), gQ, d.N, d.sN(d.dk), d.batch);
+  blas::gemm_batched(h, true, false, d.N, d.dk, d.N, d.c, S, d.N, sP, d.Q, d.N, d.sN(d.dk),
+                     Scalar(0), gK, d.N, d.sN(d.dk), d.batch);
+  // dL/dW_• = X^T dL/d•;  dL/dX = Σ dL/d• W_•^T
+  auto wgrad = [&](const Scalar* g, int cols, Scalar* out) {
+    blas::gemm_batched(h, true, false, d.D, cols, d.N, Scalar(1), d.X, d.N, d.sX, g, d.N,
+                       d.sN(cols), Scalar(0), out, d.D, d.sW(cols), d.batch);
+  };
+  wgrad(gQ, d.dk, gWQ);
+  wgrad(gK, d.dk, gWK);
+  wgrad(gV, d.dv, gWV);
+  if (gX == nullptr) return;
+  auto xgrad = [&](const Scalar* g, const Scalar* W, int cols, Scalar beta) {
+    blas::gemm_batched(h, false, true, d.N, d.D, cols, Scalar(1), g, d.N, d.sN(cols), W, d.D,
+                       d.sW(cols), beta, gX, d.N, d.sN(d.D), d.batch);
+  };
+  xgrad(gQ, d.WQ, d.dk, Scalar(0));
+  xgrad(gK, d.WK, d.dk, Scalar(1));
+  xgrad(gV, d.WV, d.dv, Scalar(1));
+}
+
 }  // namespace detail
 
 template <typename Scalar>
@@ -169,49 +263,9 @@ std::vector<Mat<Scalar>> attention_jvp_batched(Context& context, const Attention
   Scalar* dWK = detail::upload_optional(ctx, "tWK", k, d.D, d.dk, fn, "dW_K");
   Scalar* dWV = detail::upload_optional(ctx, "tWV", v, d.D, d.dv, fn, "dW_V");
   Scalar* dX = detail::upload_optional(ctx, "tX", x, d.N, d.D, fn, "dX");
-  const size_t n = static_cast<size_t>(d.batch);
-  const long long sXt = d.sN(d.D), sP = static_cast<long long>(d.N) * d.N;
-  auto tangent = [&](const char* name, Scalar* dW, const Scalar* W, int cols) -> Scalar* {
-    if (dW == nullptr && dX == nullptr) return nullptr;
-    Scalar* out = ctx.buffer<Scalar>(name, n * static_cast<size_t>(d.sN(cols)));
-    Scalar beta = 0;
-    if (dW != nullptr) {
-      detail::project(ctx, d, d.X, d.sX, dW, cols, Scalar(0), out);
-      beta = 1;
-    }
-    if (dX != nullptr) detail::project(ctx, d, dX, sXt, W, cols, beta, out);
-    return out;
-  };
-  Scalar* dQ = tangent("dQ", dWQ, d.WQ, d.dk);
-  Scalar* dK = tangent("dK", dWK, d.WK, d.dk);
-  Scalar* dV = tangent("dV", dWV, d.WV, d.dv);
-  Scalar* dA = ctx.buffer<Scalar>("dA", n * static_cast<size_t>(d.sN(d.dv)));
-  Scalar beta = 0;
-  if (dQ != nullptr || dK != nullptr) {  // dZ / c = dQ K^T + Q dK^T, then the softmax derivative
-    Scalar* S = ctx.buffer<Scalar>("S", n * static_cast<size_t>(sP));
-    Scalar b2 = 0;
-    if (dQ != nullptr) {
-      blas::gemm_batched(ctx.blas(), false, true, d.N, d.N, d.dk, Scalar(1), dQ, d.N, d.sN(d.dk),
-                         d.K, d.N, d.sN(d.dk), Scalar(0), S, d.N, sP, d.batch);
-      b2 = 1;
-    }
-    if (dK != nullptr)
-      blas::gemm_batched(ctx.blas(), false, true, d.N, d.N, d.dk, Scalar(1), d.Q, d.N, d.sN(d.dk),
-                         dK, d.N, d.sN(d.dk), b2, S, d.N, sP, d.batch);
-    kernels::softmax_project<Scalar>
-        <<<dim3(static_cast<unsigned>(d.N), static_cast<unsigned>(d.batch)), kernels::kRowThreads,
-           0, ctx.stream()>>>(S, d.P, d.N, sP, d.c);
-    SC_CUDA_CHECK_LAUNCH("softmax_project");
-    blas::gemm_batched(ctx.blas(), false, false, d.N, d.dv, d.N, Scalar(1), S, d.N, sP, d.V, d.N,
-                       d.sN(d.dv), Scalar(0), dA, d.N, d.sN(d.dv), d.batch);
-    beta = 1;
-  }
-  if (dV != nullptr)
-    blas::gemm_batched(ctx.blas(), false, false, d.N, d.dv, d.N, Scalar(1), d.P, d.N, sP, dV, d.N,
-                       d.sN(d.dv), beta, dA, d.N, d.sN(d.dv), d.batch);
-  else if (beta == Scalar(0))
-    SC_CUDA_CHECK(
-        cudaMemsetAsync(dA, 0, n * static_cast<size_t>(d.sN(d.dv)) * sizeof(Scalar), ctx.stream()));
+  Scalar* dA =
+      ctx.buffer<Scalar>("dA", static_cast<size_t>(d.batch) * static_cast<size_t>(d.sN(d.dv)));
+  detail::jvp(ctx, d, dWQ, dWK, dWV, dX, dA);
   std::vector<Mat<Scalar>> out;
   for (int i = 0; i < d.batch; ++i)
     out.push_back(download(dA + i * d.sN(d.dv), d.N, d.dv, ctx.stream()));
@@ -230,48 +284,14 @@ std::vector<AttentionGradients<Scalar>> attention_vjp_batched(Context& context,
   DeviceContext& ctx = context.device();
   detail::DeviceBatch<Scalar> d = detail::upload_batch(ctx, b);
   detail::forward(ctx, d);
-  cublasHandle_t h = ctx.blas();
   const size_t n = static_cast<size_t>(d.batch);
-  const long long sP = static_cast<long long>(d.N) * d.N;
   Scalar* dG = ctx.buffer<Scalar>("cot", n * static_cast<size_t>(d.sN(d.dv)));
   detail::upload_packed(detail::pointers(G), dG, ctx.stream());
-  Scalar* gQ = ctx.buffer<Scalar>("dQ", n * static_cast<size_t>(d.sN(d.dk)));
-  Scalar* gK = ctx.buffer<Scalar>("dK", n * static_cast<size_t>(d.sN(d.dk)));
-  Scalar* gV = ctx.buffer<Scalar>("dV", n * static_cast<size_t>(d.sN(d.dv)));
-  Scalar* S = ctx.buffer<Scalar>("S", n * static_cast<size_t>(sP));
-  // dL/dV = P^T G;  dL/dP = G V^T;  dL/dZ = P ∘ (dL/dP - rowsum(P ∘ dL/dP) 1^T)
-  blas::gemm_batched(h, true, false, d.N, d.dv, d.N, Scalar(1), d.P, d.N, sP, dG, d.N, d.sN(d.dv),
-                     Scalar(0), gV, d.N, d.sN(d.dv), d.batch);
-  blas::gemm_batched(h, false, true, d.N, d.N, d.dv, Scalar(1), dG, d.N, d.sN(d.dv), d.V, d.N,
-                     d.sN(d.dv), Scalar(0), S, d.N, sP, d.batch);
-  kernels::softmax_project<Scalar>
-      <<<dim3(static_cast<unsigned>(d.N), static_cast<unsigned>(d.batch)), kernels::kRowThreads, 0,
-         ctx.stream()>>>(S, d.P, d.N, sP, Scalar(1));
-  SC_CUDA_CHECK_LAUNCH("softmax_project");
-  // dL/dQ = c dL/dZ K;  dL/dK = c (dL/dZ)^T Q
-  blas::gemm_batched(h, false, false, d.N, d.dk, d.N, d.c, S, d.N, sP, d.K, d.N, d.sN(d.dk),
-                     Scalar(0), gQ, d.N, d.sN(d.dk), d.batch);
-  blas::gemm_batched(h, true, false, d.N, d.dk, d.N, d.c, S, d.N, sP, d.Q, d.N, d.sN(d.dk),
-                     Scalar(0), gK, d.N, d.sN(d.dk), d.batch);
-  // dL/dW_• = X^T dL/d•;  dL/dX = Σ dL/d• W_•^T
   Scalar* gWQ = ctx.buffer<Scalar>("gWQ", n * static_cast<size_t>(d.sW(d.dk)));
   Scalar* gWK = ctx.buffer<Scalar>("gWK", n * static_cast<size_t>(d.sW(d.dk)));
   Scalar* gWV = ctx.buffer<Scalar>("gWV", n * static_cast<size_t>(d.sW(d.dv)));
   Scalar* gX = ctx.buffer<Scalar>("gX", n * static_cast<size_t>(d.sN(d.D)));
-  auto wgrad = [&](const Scalar* g, int cols, Scalar* out) {
-    blas::gemm_batched(h, true, false, d.D, cols, d.N, Scalar(1), d.X, d.N, d.sX, g, d.N,
-                       d.sN(cols), Scalar(0), out, d.D, d.sW(cols), d.batch);
-  };
-  wgrad(gQ, d.dk, gWQ);
-  wgrad(gK, d.dk, gWK);
-  wgrad(gV, d.dv, gWV);
-  auto xgrad = [&](const Scalar* g, const Scalar* W, int cols, Scalar beta) {
-    blas::gemm_batched(h, false, true, d.N, d.D, cols, Scalar(1), g, d.N, d.sN(cols), W, d.D,
-                       d.sW(cols), beta, gX, d.N, d.sN(d.D), d.batch);
-  };
-  xgrad(gQ, d.WQ, d.dk, Scalar(0));
-  xgrad(gK, d.WK, d.dk, Scalar(1));
-  xgrad(gV, d.WV, d.dv, Scalar(1));
+  detail::vjp(ctx, d, static_cast<const Scalar*>(dG), gWQ, gWK, gWV, gX);
   std::vector<AttentionGradients<Scalar>> out(n);
   for (int i = 0; i < d.batch; ++i) {
     auto& o = out[static_cast<size_t>(i)];

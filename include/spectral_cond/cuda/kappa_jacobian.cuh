@@ -1,12 +1,14 @@
-// spectral_cond CUDA path: κ(J) of every head of a batch (MATH.md §3–4), in double, by the gram
-// route (structured G, then syevd or Cholesky + Lanczos; accuracy ε κ^2) or the qr route
-// (compressed J~ on the device, cuSOLVER geqrf, σ of R; accuracy ε κ). The numerical rules
-// (rank tolerance, the sqrt(n ε) floor of squared methods, accuracy reports, notes) are the CPU
-// path's own functions from jacobian_kappa.hpp and qr_kappa.hpp.
+// spectral_cond CUDA path: κ(J) of every head of a batch (MATH.md §3–4, §12), in double, by the
+// CPU's own drivers with device backends (backends.cuh): the gram route (G formed on the device,
+// read by detail::gram_condition_of: syevd or Cholesky + Lanczos; accuracy ε κ^2), the qr route
+// (compressed J~ on the device, cuSOLVER geqrf, R read by detail::condition_of_triangular;
+// accuracy ε κ) and the matfree route (detail::matfree_condition with J x and J^T x by the
+// device's JVP and VJP; accuracy ε κ + η).
 #pragma once
 
+#include "spectral_cond/conditioning/methods/matfree.hpp"
+#include "spectral_cond/cuda/backends.cuh"
 #include "spectral_cond/cuda/gram.cuh"
-#include "spectral_cond/cuda/lanczos.cuh"
 #include "spectral_cond/jacobian/compressed.hpp"
 
 namespace spectral_cond {
@@ -20,22 +22,20 @@ AttentionBatch<double> to_double_batch(const AttentionBatch<Scalar>& b) {
   for (const auto& m : b.WQ) d.WQ.push_back(m.template cast<double>());
   for (const auto& m : b.WK) d.WK.push_back(m.template cast<double>());
   for (const auto& m : b.WV) d.WV.push_back(m.template cast<double>());
+  d.opts = spectral_cond::detail::to_double(b.opts);  // as the CPU's kj_inputs
   d.opts.scale = static_cast<double>(b.opts.resolved_scale(b.WQ[0].cols()));
-  d.opts.mask = b.opts.mask;
-  if (b.opts.mask == MaskKind::Additive)
-    d.opts.additive_mask = b.opts.additive_mask.template cast<double>();
   return d;
 }
 
-/// The gram route for item i (MATH.md §3): G = J J^T (wide J, structured) or J^T J (tall J,
-/// from J assembled on the device), then every eigenvalue (syevd) or Lanczos + Cholesky.
+/// The gram route for item i (MATH.md §3, §12): G = J J^T (wide J, structured) or J^T J (tall J,
+/// from J assembled on the device), read by the CPU's driver gram_condition_of through
+/// DeviceGram: every eigenvalue (syevd) or Lanczos + Cholesky, as o.gram_solver says.
 inline ConditionResult<double> gram_route(DeviceContext& ctx, const DeviceBatch<double>& d, int i,
-                                          const CudaKappaOptions& o) {
-  const JacobianKappaOptions& jo = o.jacobian;
+                                          const CudaKappaOptions& o,
+                                          const JacobianKappaOptions& jo) {
   const Index rows = jacobian_rows(d.N, d.dv);
   const Index cols = jacobian_cols(JacobianBlock::All, d.N, d.D, d.dk, d.dv);
   const bool wide = rows <= cols;
-  const char* which = wide ? "J J^T" : "J^T J";
   const int n = to_int(wide ? rows : cols, "order of the Gram matrix");
   double* G = ctx.buffer<double>("G", static_cast<size_t>(n) * n);
   if (wide) {
@@ -46,78 +46,18 @@ inline ConditionResult<double> gram_route(DeviceContext& ctx, const DeviceBatch<
     blas::syrk_lower_t(ctx.blas(), n, to_int(rows, "rows of J"), 1.0, J, static_cast<int>(rows),
                        0.0, G, n);
   }
-  int* info_d = ctx.buffer<int>("info", 1);
-  int info = 0;
-  const bool syevd = o.gram_solver == GramSolver::Syevd ||
-                     (o.gram_solver == GramSolver::Auto && n <= jo.gram_eig_max);
-  ConditionResult<double> res;
-  if (syevd) {
-    double* w = ctx.buffer<double>("eig", static_cast<size_t>(n));
-    const int lw = blas::syevd_lwork(ctx.solver(), n, G, n, w);
-    double* work = ctx.buffer<double>("solver_work", static_cast<size_t>(std::max(lw, 1)));
-    blas::syevd(ctx.solver(), n, G, n, w, work, lw, info_d);
-    Vec<double> lam(n);
-    SC_CUDA_CHECK(cudaMemcpyAsync(lam.data(), w, sizeof(double) * static_cast<size_t>(n),
-                                  cudaMemcpyDeviceToHost, ctx.stream()));
-    SC_CUDA_CHECK(
-        cudaMemcpyAsync(&info, info_d, sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
-    SC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-    res = spectral_cond::detail::condition_from_gram_eigenvalues(
-        lam, rows, cols, jo, std::string("gram (eigenvalues of ") + which + ", cuSOLVER syevd)");
-    if (info != 0) {
-      res.info = Info::NotConverging;
-      res.note = "cuSOLVER syevd returned info = " + std::to_string(info) +
-                 (res.note.empty() ? "" : "; " + res.note);
-    }
-  } else {  // as the CPU: Lanczos for λ_max(G); Cholesky and Lanczos on G^{-1} for λ_min(G)
-    res.method = std::string("gram (Lanczos and cuSOLVER Cholesky of ") + which + ")";
-    DeviceOp op(ctx, G, n, OpKind::SymLower);
-    const LanczosOutcome big = spectral_cond::detail::lanczos_largest(op, jo.lanczos);
-    res.iterations += big.iterations;
-    res.residual = big.residual;
-    const double lmax = big.lambda;
-    res.sigma_max = std::sqrt(std::max(0.0, lmax));
-    const int lw = blas::potrf_lwork(ctx.solver(), n, G, n);
-    double* work = ctx.buffer<double>("solver_work", static_cast<size_t>(std::max(lw, 1)));
-    blas::potrf(ctx.solver(), n, G, n, work, lw, info_d);
-    SC_CUDA_CHECK(
-        cudaMemcpyAsync(&info, info_d, sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
-    SC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-    const double floor = std::sqrt(static_cast<double>(n) * ScalarTraits<double>::eps());
-    if (info != 0) {
-      res.sigma_min = 0;
-      res.kappa = ScalarTraits<double>::inf();
-      res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
-      res.info = Info::Singular;
-      res.note = std::string("Cholesky of ") + which +
-                 " failed: singular at working precision (kappa_plus needs method qr or dense)";
-    } else {
-      DeviceOp inv(ctx, G, n, OpKind::CholInverse);
-      const LanczosOutcome small = spectral_cond::detail::lanczos_largest(inv, jo.lanczos);
-      res.iterations += small.iterations;
-      res.residual = std::max(res.residual, small.residual);
-      const double linv = small.lambda;
-      res.sigma_min = 1.0 / std::sqrt(linv);
-      res.kappa = res.sigma_max / res.sigma_min;
-      res.rank = std::min(rows, cols);
-      res.sigma_min_plus = res.sigma_min;
-      res.kappa_plus = res.kappa;
-      if (res.sigma_min < floor * res.sigma_max) {
-        res.kappa = ScalarTraits<double>::inf();
-        res.info = Info::Singular;
-        res.note = "sigma_min below sqrt(n eps) sigma_1: indistinguishable from zero by gram";
-      }
-      if (!std::isfinite(lmax) || !std::isfinite(linv)) res.info = Info::NotConverging;
-    }
-  }
-  spectral_cond::detail::squared_accuracy(res, jo);
-  return res;
+  if (jo.progress) jo.progress(0.3);
+  const bool every_eigenvalue = o.gram_solver == GramSolver::Syevd ||
+                                (o.gram_solver == GramSolver::Auto && n <= jo.gram_eig_max);
+  DeviceGram g(ctx, G, n);
+  return spectral_cond::detail::gram_condition_of(g, rows, cols, every_eigenvalue, jo);
 }
 
 /// The qr route for item i (MATH.md §3, "The compressed Jacobian"): L from the CPU's truncated
 /// SVD of X (`L`, host), J~ (or J~^T when J~ is wide, so that the factored matrix is tall)
-/// assembled on the device, cuSOLVER geqrf, then σ of R (host code for small R, else device
-/// Lanczos), with the CPU's rules and notes.
+/// assembled on the device, cuSOLVER geqrf, then σ of R by the CPU's condition_of_triangular:
+/// R copied to the host when its order is at most o.host_r_max, else read on the device through
+/// DeviceTriangular.
 inline ConditionResult<double> qr_route(DeviceContext& ctx, const DeviceBatch<double>& d, int i,
                                         const Mat<double>& L, const CudaKappaOptions& o) {
   const QrKappaOptions& q = o.qr;
@@ -152,22 +92,35 @@ inline ConditionResult<double> qr_route(DeviceContext& ctx, const DeviceBatch<do
                   kernels::extract_upper<double>, R, static_cast<const double*>(M), m, k);
   note << "qr: cuSOLVER geqrf of " << (tall ? "J~ (" : "J~^T (") << m << " x " << k
        << (tall ? ", tall)" : ")");
-  const Index rJ = std::min(mJ, nJ);
   ConditionResult<double> res;
-  if (k <= o.host_r_max || k < 64 || k < rJ || (tall && k <= q.dense_svd_max)) {
+  if (k <= o.host_r_max) {
     const Mat<double> Rh = download(static_cast<const double*>(R), k, k, ctx.stream());
     note << "; R copied to the host";
     res = spectral_cond::detail::condition_of_r(Rh, mJ, nJ, tall, q, note);
   } else {
-    res = device_condition_of_r(ctx, R, k, mJ, nJ, tall, q, note);
+    const DeviceTriangular Rd(ctx, R, k);
+    res = spectral_cond::detail::condition_of_triangular(Rd, mJ, nJ, tall, q, note);
   }
-  if (tall)
-    note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
-            "(MATH.md 4), kappa_plus is the informative number";
+  spectral_cond::detail::qr_structure_note(mJ, C, mJ, C, note);
   if (!res.note.empty()) note << "; " << res.note;
   res.note = note.str();
   res.method = "qr";
   return res;
+}
+
+/// The matfree route for item i (MATH.md §12, matfree): kappa_jacobian_matfree's own steps
+/// (check_kj_inputs, matfree_condition, validated) with every product by J and J^T on the device
+/// (DeviceProducts); the preconditioner, LOBPCG's small dense algebra and the checks on the host.
+template <typename Scalar>
+ConditionResult<double> matfree_route(DeviceContext& ctx, const AttentionBatch<Scalar>& b, Index i,
+                                      const JacobianKappaOptions& jo) {
+  namespace cpu = spectral_cond::detail;
+  const size_t u = static_cast<size_t>(i);
+  if (auto bad = cpu::check_kj_inputs<Scalar>("cuda::kappa_jacobian_batched", b.x(i), b.WQ[u],
+                                              b.WK[u], b.WV[u], b.opts, jo, "matfree"))
+    return *bad;
+  const cpu::KJInputs in = cpu::kj_inputs<Scalar>(b.x(i), b.WQ[u], b.WK[u], b.WV[u], b.opts);
+  return cpu::validated(in, cpu::matfree_condition(in, jo, DeviceProductsMaker{&ctx}), jo);
 }
 
 }  // namespace detail
@@ -182,14 +135,28 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
   b.check(fn);
   const JacobianKappaMethod method = o.jacobian.method;
   if (method == JacobianKappaMethod::Dense || method == JacobianKappaMethod::Iterative ||
-      method == JacobianKappaMethod::Lobpcg || method == JacobianKappaMethod::Matfree)
-    spectral_cond::detail::fail(
-        fn, std::string("method ") + to_string(method) + " is CPU-only (use gram, qr or auto)");
-  const AttentionBatch<double> bd = detail::to_double_batch(b);
+      method == JacobianKappaMethod::Lobpcg)
+    spectral_cond::detail::fail(fn, std::string("method ") + to_string(method) +
+                                        " is CPU-only (use gram, qr, matfree or auto)");
   DeviceContext& ctx = context.device();
+  std::vector<ConditionResult<double>> out;
+  // The options of item i: the drivers' progress, from 0 to 1, mapped into the batch's.
+  auto item_options = [&o, &b](Index i) {
+    JacobianKappaOptions jo = o.jacobian;
+    if (jo.progress)
+      jo.progress = [&o, &b, i](double f) {
+        o.jacobian.progress((static_cast<double>(i) + f) / static_cast<double>(b.size()));
+      };
+    return jo;
+  };
+  if (method == JacobianKappaMethod::Matfree) {  // host inputs; J x and J^T x on the device
+    for (Index i = 0; i < b.size(); ++i)
+      out.push_back(detail::matfree_route(ctx, b, i, item_options(i)));
+    return out;
+  }
+  const AttentionBatch<double> bd = detail::to_double_batch(b);
   detail::DeviceBatch<double> d = detail::upload_batch(ctx, bd);
   detail::forward(ctx, d);
-  std::vector<ConditionResult<double>> out;
   Mat<double> L, VX;
   const Mat<double>* L_of = nullptr;  // X's L, computed once when X is shared
   for (int i = 0; i < d.batch; ++i) {
@@ -216,20 +183,17 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
       }
       return detail::qr_route(ctx, d, i, L, o);
     };
+    const JacobianKappaOptions jo = item_options(i);
     ConditionResult<double> res;
     if (method == JacobianKappaMethod::Gram) {
-      res = detail::gram_route(ctx, d, i, o);
+      res = detail::gram_route(ctx, d, i, o, jo);
     } else if (method == JacobianKappaMethod::Qr) {
       res = qr();
-    } else {  // Auto: gram when its own error estimate is below tol, else qr
-      res = detail::gram_route(ctx, d, i, o);
+    } else {  // Auto: gram when the CPU's rule keeps it, else qr (no lobpcg route on the GPU)
+      res = detail::gram_route(ctx, d, i, o, jo);
       std::ostringstream why;
-      if (res.info != Info::InvalidInput && res.accuracy <= o.jacobian.tol) {
-        why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
-            << " is below tol = " << o.jacobian.tol;
-      } else {
-        why << "auto chose qr: gram's error estimate eps*kappa^2 = " << res.accuracy
-            << " exceeds tol = " << o.jacobian.tol;
+      if (!spectral_cond::detail::auto_keeps_gram(res, o.jacobian, why)) {
+        why << "qr";
         res = qr();
       }
       res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;

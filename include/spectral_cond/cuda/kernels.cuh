@@ -147,6 +147,17 @@ __global__ void mirror_lower(T* G, int R) {
   }
 }
 
+/// *flag = 1 when an entry of the lower triangle of G (R x R) is NaN or Inf (the caller zeroes
+/// *flag first).
+template <typename T>
+__global__ void flag_nonfinite_lower(const T* G, int R, int* flag) {
+  const std::size_t n = static_cast<std::size_t>(R) * R;
+  SC_GRID_STRIDE(idx, n) {
+    const std::size_t i = idx % R, j = idx / R;
+    if (i >= j && !isfinite(G[idx])) *flag = 1;
+  }
+}
+
 /// The dense J = [J_Q | J_K | J_V] of one head (MATH.md §3), (N d_v) x (2 D d_k + D d_v):
 ///   J_Q[:, a + D b] = vec(diag(x_a) 𝔅_b),  J_K[:, a + D b] = vec(diag(q_b) 𝔈_a),
 ///   J_V[:, a + D b] = e_b ⊗ (P x_a);   𝔅, 𝔈 carry the scale c.

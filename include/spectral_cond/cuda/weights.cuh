@@ -204,46 +204,25 @@ std::vector<ExactCorrection<Scalar>> exact_correction_batched(
         download(static_cast<const Scalar*>(C), g.m, static_cast<Index>(g.n) * g.k, ctx.stream());
     const Mat<Scalar> Wch =
         download(static_cast<const Scalar*>(Wc), g.m, static_cast<Index>(g.n) * g.k, ctx.stream());
-    // 4. The report, by the CPU's rules (exact_correction_from_svd).
+    // 4. The report, by the CPU's own rules (detail::exact_correction_report).
     for (size_t j = 0; j < kv.second.size(); ++j) {
       const Mat<Scalar>& w = weights[kv.second[j]];
-      const bool transposed = w.rows() < w.cols();
       const Index m = w.rows(), n = w.cols();
-      ExactCorrection<Scalar> res;
-      res.target = target;
-      const Vec<Scalar>& s = sv[j];
-      const Scalar s1 = s(0), sr = s(s.size() - 1);
-      res.kappa_before = condition_from_singular_values<Scalar>(s, m, n).kappa;
-      res.alpha = alpha[j];
-      std::ostringstream note;
-      if (!target) {
-        res.kappa_predicted =
-            s1 > Scalar(0) ? Scalar(2) * s1 / (s1 + sr) : ScalarTraits<Scalar>::inf();
-      } else if (res.alpha > Scalar(0)) {
-        res.kappa_predicted = *target;
-      } else {
-        res.kappa_predicted = res.kappa_before;
-        note << "no correction needed: sigma_1 <= t sigma_r (kappa(W) = " << res.kappa_before
-             << " <= t = " << *target << "); alpha = 0";
-      }
-      res.corrected = res.alpha > Scalar(0);
+      ExactCorrection<Scalar> res = spectral_cond::detail::exact_correction_report<Scalar>(
+          sv[j], m, n, target, condition_from_singular_values<Scalar>(sv2[j], m, n));
       const Index off = static_cast<Index>(j) * g.n;
       res.C = Ch.middleCols(off, g.n);
       res.W_corrected = Wch.middleCols(off, g.n);
-      if (transposed) {
+      if (w.rows() < w.cols()) {  // transposed on the way in
         res.C.transposeInPlace();
         res.W_corrected.transposeInPlace();
       }
-      const ConditionResult<Scalar> after = condition_from_singular_values<Scalar>(sv2[j], m, n);
-      res.kappa_after = after.kappa;
-      res.info = after.info;
-      if (s1 == Scalar(0)) note << "W = 0: the correction is zero and W + C stays singular";
       if (info[j] != 0 || info2[j] != 0) {
         res.info = Info::NotConverging;
-        note << (note.str().empty() ? "" : "; ")
-             << "cuSOLVER gesvdj did not converge (info = " << info[j] << ", " << info2[j] << ")";
+        res.note += std::string(res.note.empty() ? "" : "; ") +
+                    "cuSOLVER gesvdj did not converge (info = " + std::to_string(info[j]) + ", " +
+                    std::to_string(info2[j]) + ")";
       }
-      res.note = note.str();
       out[kv.second[j]] = res;
     }
   }

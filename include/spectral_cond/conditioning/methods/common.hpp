@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <ostream>
+#include <sstream>
 #include <string>
 
 namespace spectral_cond {
@@ -177,11 +179,22 @@ inline double sigma_max_lower_bound(const KJInputs& in, Index iterations, std::u
   return best;
 }
 
-/// y = J J^T x by one VJP then one JVP through an existing JacobianProducts (the operator of
+// The products backend of the methods that iterate with J itself (lobpcg, matfree; MATH.md §12):
+// any class P whose objects offer
+//   Index rows() const;                                       m = N d_v
+//   Index cols() const;                                       n = D (2 d_k + d_v)
+//   void apply(const double* x, double* y) const;             y = J x    (x: n, y: m)
+//   void apply_transpose(const double* x, double* y) const;   y = J^T x  (x: m, y: n)
+// JacobianProducts<double> (operators.hpp, one JVP or VJP on the CPU) is the host's;
+// cuda::detail::DeviceProducts (cuda/backends.cuh) computes the same products on a GPU, so that
+// the drivers (LobpcgRun, lobpcg_sigma_min, matfree_condition) run unchanged on either.
+
+/// y = J J^T x by one VJP then one JVP through an existing products backend (the operator of
 /// GramOp without a second forward pass), for Lanczos.
+template <typename Products>
 struct ProductsGram {
   using Scalar = double;
-  explicit ProductsGram(const JacobianProducts<double>& J) : J_(J), t_(J.cols()) {}
+  explicit ProductsGram(const Products& J) : J_(J), t_(J.cols()) {}
   Index rows() const { return J_.rows(); }
   Index cols() const { return J_.rows(); }
   void perform_op(const double* x, double* y) const {
@@ -190,7 +203,7 @@ struct ProductsGram {
   }
 
  private:
-  const JacobianProducts<double>& J_;
+  const Products& J_;
   mutable Vec<double> t_;
 };
 
@@ -224,9 +237,10 @@ struct LobpcgRun {
   }
 
   /// σ_max by Lanczos on J J^T (tolerance at most 1e-13; squaring does not hurt the largest) and
-  /// the rank tolerance. False when Lanczos did not converge.
-  bool find_sigma_max(const JacobianProducts<double>& J, Index rows, Index cols) {
-    ProductsGram op(J);
+  /// the rank tolerance. False when Lanczos did not converge. J: a products backend (above).
+  template <typename Products>
+  bool find_sigma_max(const Products& J, Index rows, Index cols) {
+    ProductsGram<Products> op(J);
     LanczosOptions lo = jo.lanczos;
     lo.tol = std::min(lo.tol, 1e-13);
     const LanczosOutcome big = lanczos_largest(op, lo);
@@ -262,6 +276,22 @@ struct LobpcgRun {
     return res;
   }
 };
+
+/// Whether method auto keeps the gram method's answer `res` (MATH.md §12): a success (or a
+/// singular answer) whose stated accuracy ε κ^2 is within jo.tol. Writes the reason to `why`,
+/// ending in "; " when it does not (the caller names the accurate method it takes instead).
+/// Shared by kappa_jacobian and the GPU's kappa_jacobian_batched.
+inline bool auto_keeps_gram(const ConditionResult<double>& res, const JacobianKappaOptions& jo,
+                            std::ostream& why) {
+  if ((res.info == Info::Success || res.info == Info::Singular) && res.accuracy <= jo.tol) {
+    why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
+        << " is below tol = " << jo.tol;
+    return true;
+  }
+  why << "auto chose an accurate method: gram's error estimate eps*kappa^2 = " << res.accuracy
+      << " exceeds tol = " << jo.tol << "; ";
+  return false;
+}
 
 /// Every κ(J) result is checked before it leaves the library (MATH.md §12): a success must have
 /// σ_max >= σ_min >= 0, finite, κ >= 1 (up to its stated accuracy), and a σ_max that is not

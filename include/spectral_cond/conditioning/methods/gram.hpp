@@ -16,30 +16,60 @@ namespace spectral_cond {
 
 namespace detail {
 
-/// kappa_jacobian_gram on inputs in double. When `factor` is given and the Cholesky route ran
-/// and succeeded, the Cholesky factor of J J^T is moved there (for lobpcg, which then need not
-/// form and factor J J^T again).
-template <typename = void>
-inline ConditionResult<double> gram_condition(const KJInputs& in, const JacobianKappaOptions& jo,
-                                              Mat<double>* factor) {
-  const char* which = in.wide() ? "J J^T" : "J^T J";
-  Mat<double> G = in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
-                            : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts);
-  if (jo.progress) jo.progress(0.3);
-  const Index n = G.rows();
+// The Gram backend of the gram method (MATH.md §12): the symmetric positive semidefinite
+// G = J J^T (wide J) or J^T J (tall J), of order n, already formed wherever it is held, seen
+// through any class G whose objects offer
+//   Index order() const;                           n
+//   bool all_finite();                             no NaN or Inf entry
+//   std::string eigenvalues(Vec<double>& asc, std::string& why);
+//                                                  every eigenvalue, ascending; returns the
+//                                                  solver's name, or "" (why says why) when none
+//                                                  converged; may overwrite G
+//   Op product();                                  Spectra operator y = G x
+//   const char* cholesky_name() const;             how factor() factors, for the method's name
+//   bool factor();                                 G = L L^T in place; false unless definite
+//   Op inverse();                                  Spectra operator y = G^{-1} x, after factor()
+// HostGram is the CPU's; cuda::detail::DeviceGram (cuda/backends.cuh) the GPU's, so that
+// both paths read G by gram_condition_of.
+
+/// The CPU's Gram backend: G in host memory, LAPACK or Eigen (linalg/eigen.hpp, cholesky.hpp).
+struct HostGram {
+  Mat<double> G;
+  bool factored = false;  ///< factor() succeeded: G holds the Cholesky factor L
+
+  Index order() const { return G.rows(); }
+  bool all_finite() const { return G.allFinite(); }
+  std::string eigenvalues(Vec<double>& ascending, std::string& why) const {
+    return symmetric_eigenvalues(G, /*psd=*/true, ascending, why);
+  }
+  Spectra::DenseSymMatProd<double> product() const { return Spectra::DenseSymMatProd<double>(G); }
+  const char* cholesky_name() const { return "Cholesky"; }
+  bool factor() { return factored = cholesky_in_place(G); }
+  CholeskyInverseOp inverse() const { return CholeskyInverseOp{&G}; }
+};
+
+/// κ(J) from the Gram matrix of the m x n Jacobian J (MATH.md §3, §12), on the CPU or the GPU
+/// (`G` a Gram backend, above): every eigenvalue when `every_eigenvalue`, else Lanczos for
+/// λ_max(G), then G factored in place (peak memory one G) and Lanczos on G^{-1} for λ_min(G).
+/// Accuracy ε κ^2, and singular values below sqrt(n ε) σ_1 read as zero (squared_accuracy).
+template <typename Gram>
+ConditionResult<double> gram_condition_of(Gram& G, Index rows, Index cols, bool every_eigenvalue,
+                                          const JacobianKappaOptions& jo) {
+  const char* which = rows <= cols ? "J J^T" : "J^T J";
+  const Index n = G.order();
   ConditionResult<double> res;
   // Finite inputs can still overflow (huge logits): NaN in G must not read as a zero matrix.
-  if (!G.allFinite()) {
+  if (!G.all_finite()) {
     const std::string why =
         std::string(which) + " has NaN or Inf entries (the inputs overflow double)";
     res = invalid_condition<double>(why.c_str());
     res.method = std::string("gram (") + which + ")";
     return res;
   }
-  if (n <= jo.gram_eig_max) {
+  if (every_eigenvalue) {
     Vec<double> lambda;
     std::string why;
-    const std::string solver = symmetric_eigenvalues(G, /*psd=*/true, lambda, why);
+    const std::string solver = G.eigenvalues(lambda, why);
     if (solver.empty()) {
       res = invalid_condition<double>("");
       res.info = Info::NotConverging;
@@ -50,24 +80,21 @@ inline ConditionResult<double> gram_condition(const KJInputs& in, const Jacobian
       return res;
     }
     res = condition_from_gram_eigenvalues(
-        lambda, in.rows, in.cols, jo,
-        std::string("gram (eigenvalues of ") + which + ", " + solver + ")");
+        lambda, rows, cols, jo, std::string("gram (eigenvalues of ") + which + ", " + solver + ")");
     if (!why.empty()) res.note = res.note.empty() ? why : why + "; " + res.note;
   } else {
-    // Lanczos for λ_max(G); then G is factored in place (peak memory one G) and Lanczos on
-    // G^{-1} gives λ_min(G).
     double lmax = 0;
     {
-      Spectra::DenseSymMatProd<double> op(G);
+      auto op = G.product();
       const LanczosOutcome big = lanczos_largest(op, jo.lanczos);
       lmax = big.lambda;
       res.iterations += big.iterations;
       res.residual = big.residual;
     }
-    res.method = std::string("gram (Lanczos and Cholesky of ") + which + ")";
+    res.method = std::string("gram (Lanczos and ") + G.cholesky_name() + " of " + which + ")";
     res.sigma_max = std::sqrt(std::max(0.0, lmax));
     if (jo.progress) jo.progress(0.5);
-    const bool pd = detail::cholesky_in_place(G);
+    const bool pd = G.factor();
     if (jo.progress) jo.progress(0.8);
     const double floor = std::sqrt(static_cast<double>(n) * ScalarTraits<double>::eps());
     if (!pd) {
@@ -78,14 +105,14 @@ inline ConditionResult<double> gram_condition(const KJInputs& in, const Jacobian
       res.note = std::string("Cholesky of ") + which +
                  " failed: singular at working precision (kappa_plus needs method qr or dense)";
     } else {
-      detail::CholeskyInverseOp inv{&G};
+      auto inv = G.inverse();
       const LanczosOutcome small = lanczos_largest(inv, jo.lanczos);
       const double linv = small.lambda;
       res.iterations += small.iterations;
       res.residual = std::max(res.residual, small.residual);
       res.sigma_min = 1.0 / std::sqrt(linv);
       res.kappa = res.sigma_max / res.sigma_min;
-      res.rank = std::min(in.rows, in.cols);
+      res.rank = std::min(rows, cols);
       res.sigma_min_plus = res.sigma_min;
       res.kappa_plus = res.kappa;
       if (res.sigma_min < floor * res.sigma_max) {
@@ -94,11 +121,26 @@ inline ConditionResult<double> gram_condition(const KJInputs& in, const Jacobian
         res.note = "sigma_min below sqrt(n eps) sigma_1: indistinguishable from zero by gram";
       }
       if (!std::isfinite(lmax) || !std::isfinite(linv)) res.info = Info::NotConverging;
-      if (factor != nullptr && in.wide()) *factor = std::move(G);
     }
   }
   if (jo.progress) jo.progress(1.0);
   squared_accuracy(res, jo);
+  return res;
+}
+
+/// kappa_jacobian_gram on inputs in double: G formed on the host (structured, gram.hpp), read by
+/// gram_condition_of. When `factor` is given and the Cholesky route ran and succeeded, the
+/// Cholesky factor of J J^T is moved there (for lobpcg, which then need not form and factor J J^T
+/// again).
+template <typename = void>
+inline ConditionResult<double> gram_condition(const KJInputs& in, const JacobianKappaOptions& jo,
+                                              Mat<double>* factor) {
+  HostGram G{in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
+                       : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts)};
+  if (jo.progress) jo.progress(0.3);
+  ConditionResult<double> res =
+      gram_condition_of(G, in.rows, in.cols, G.order() <= jo.gram_eig_max, jo);
+  if (factor != nullptr && in.wide() && G.factored) *factor = std::move(G.G);
   return res;
 }
 

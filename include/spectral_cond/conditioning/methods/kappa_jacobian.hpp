@@ -144,12 +144,7 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
         << " entries";
   } else {
     res = detail::validated(in, detail::gram_condition(in, jo, &factor), jo);
-    if ((res.info == Info::Success || res.info == Info::Singular) && res.accuracy <= jo.tol) {
-      why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
-          << " is below tol = " << jo.tol;
-    } else {
-      why << "auto chose an accurate method: gram's error estimate eps*kappa^2 = " << res.accuracy
-          << " exceeds tol = " << jo.tol << "; ";
+    if (!detail::auto_keeps_gram(res, jo, why)) {
       if (rows <= cols) {
         res = accurate();
       } else {

@@ -175,17 +175,29 @@ struct MatfreeInputs {
   const Mat<double>& wv(const KJInputs& in) const { return compressed ? WV : in.WV; }
 };
 
-/// kappa_jacobian_matfree on inputs in double.
-template <typename = void>
-inline ConditionResult<double> matfree_condition(const KJInputs& in,
-                                                 const JacobianKappaOptions& jo) {
-  constexpr const char* fn = "kappa_jacobian_matfree";
+/// The host's products backend for matfree_condition: J x and J^T x by one JVP or VJP on the
+/// CPU (JacobianProducts, MATH.md §2).
+struct HostProducts {
+  JacobianProducts<double> operator()(const Mat<double>& X, const Mat<double>& WQ,
+                                      const Mat<double>& WK, const Mat<double>& WV,
+                                      const AttentionOptions<double>& opts) const {
+    return JacobianProducts<double>(X, WQ, WK, WV, opts, JacobianBlock::All,
+                                    "kappa_jacobian_matfree");
+  }
+};
+
+/// kappa_jacobian_matfree on inputs in double (MATH.md §12, matfree). Every product with J and
+/// J^T goes through the backend `make_products(X, W_Q, W_K, W_V, opts)` returns for the inputs
+/// the method runs on (compressed where N < D; a products backend, common.hpp): HostProducts on
+/// the CPU, cuda::detail::DeviceProducts on a GPU. The preconditioner is built on the host.
+template <typename MakeProducts = HostProducts>
+ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKappaOptions& jo,
+                                          const MakeProducts& make_products = MakeProducts{}) {
   const double eps = ScalarTraits<double>::eps();
   LobpcgRun run("matfree", jo);
   if (!in.wide()) return run.decline_tall();
   const MatfreeInputs c(in);
-  const JacobianProducts<double> J(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts,
-                                   JacobianBlock::All, fn);
+  const auto J = make_products(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts);
   if (!run.find_sigma_max(J, in.rows, in.cols))
     return run.decline(Info::NotConverging, "Lanczos for sigma_max did not converge");
   if (jo.progress) jo.progress(0.05);

@@ -92,24 +92,50 @@ inline std::optional<ConditionResult<double>> condition_from_lanczos(
   return res;
 }
 
+// The triangular backend of the qr method (MATH.md §12): the upper triangular R (k x k) whose
+// singular values are J's nonzero ones, wherever it is held, seen through any class T whose
+// objects offer
+//   Index order() const;            k
+//   Vec<double> diagonal() const;   R's diagonal
+//   M matrix() const;               R on the host (Mat<double> or a reference to one), for a
+//                                   dense SVD
+//   Op gram() const;                Spectra operator y = R^T R x
+//   Op inverse_gram() const;        Spectra operator y = (R^T R)^{-1} x (two triangular solves)
+//   const char* library() const;    who computes the products, for the note ("" or "cuBLAS ")
+// HostTriangular is the CPU's; cuda::detail::DeviceTriangular (cuda/backends.cuh) the GPU's, so
+// that both paths read R by condition_of_triangular.
+
+/// The CPU's triangular backend: R in host memory (TriangularGramOp, Eigen's solves).
+struct HostTriangular {
+  const Mat<double>& R;
+  Index order() const { return R.rows(); }
+  Vec<double> diagonal() const { return R.diagonal(); }
+  const Mat<double>& matrix() const { return R; }
+  TriangularGramOp gram() const { return TriangularGramOp(R, false); }
+  TriangularGramOp inverse_gram() const { return TriangularGramOp(R, true); }
+  const char* library() const { return ""; }
+};
+
 /// κ of the m_J x n_J matrix whose nonzero singular values are those of R (k x k, k <= min(m_J,
-/// n_J); the other min(m_J, n_J) - k are exactly zero): dense SVD or Lanczos, see the header.
-template <typename = void>
-inline ConditionResult<double> condition_of_r(const Mat<double>& R, Index mJ, Index nJ, bool tall,
-                                              const QrKappaOptions& q, std::ostringstream& note) {
-  const Index k = R.rows(), rJ = std::min(mJ, nJ);
+/// n_J); the other min(m_J, n_J) - k are exactly zero), R a triangular backend (above): dense
+/// SVD or Lanczos, see the header (MATH.md §12, qr). Shared by the CPU and GPU qr routes.
+template <typename Triangular>
+ConditionResult<double> condition_of_triangular(const Triangular& R, Index mJ, Index nJ, bool tall,
+                                                const QrKappaOptions& q, std::ostringstream& note) {
+  const Index k = R.order(), rJ = std::min(mJ, nJ);
   KappaOptions<double> ko;
   ko.rtol = q.rtol;
   auto dense = [&](const char* why) {
     Vec<double> sv = Vec<double>::Zero(rJ);
-    if (k > 0) sv.head(k) = Eigen::BDCSVD<Mat<double>>(R).singularValues();
+    if (k > 0) sv.head(k) = Eigen::BDCSVD<Mat<double>>(R.matrix()).singularValues();
     note << "; singular values of R by a dense SVD (" << why << ")";
     return condition_from_singular_values<double>(sv, mJ, nJ, ko, "qr");
   };
   if (k < 64 || k < rJ || (tall && k <= q.dense_svd_max))
     return dense(k < rJ ? "structural zeros" : "R is small or J~ tall");
   const bool singular_diag = (R.diagonal().array() == 0.0).any();
-  TriangularGramOp gram(R, false), inverse_gram(R, true);
+  auto gram = R.gram();
+  auto inverse_gram = R.inverse_gram();
   auto run = [&](Index ncv, LanczosOutcome& big, LanczosOutcome& small) {
     LanczosOptions lo = q.lanczos;
     lo.ncv = ncv;
@@ -127,12 +153,31 @@ inline ConditionResult<double> condition_of_r(const Mat<double>& R, Index mJ, In
       return dense("Lanczos on R did not converge: clustered extreme singular values");
     run(std::min(k, 4 * q.lanczos.ncv), big, small);
   }
-  note << "; sigma_max by Lanczos on R^T R (" << big.operations << " products), sigma_min by "
-       << "Lanczos on (R^T R)^{-1} (" << small.operations
-       << " pairs of triangular solves, relative residual " << small.residual << ")";
+  note << "; sigma_max by Lanczos on R^T R (" << big.operations << " " << R.library()
+       << "products), sigma_min by Lanczos on (R^T R)^{-1} (" << small.operations << " pairs of "
+       << R.library() << "triangular solves, relative residual " << small.residual << ")";
   std::optional<ConditionResult<double>> res =
       condition_from_lanczos(big, small, singular_diag, k, mJ, nJ, q, note);
   return res ? *res : dense("sigma_min is below the rank tolerance");
+}
+
+/// condition_of_triangular for R in host memory.
+template <typename = void>
+inline ConditionResult<double> condition_of_r(const Mat<double>& R, Index mJ, Index nJ, bool tall,
+                                              const QrKappaOptions& q, std::ostringstream& note) {
+  return condition_of_triangular(HostTriangular{R}, mJ, nJ, tall, q, note);
+}
+
+/// What the qr note says of J~'s shape (MATH.md §4): `rows` x `cols` the factored J~ (reduced or
+/// not), `cj_rows` x `cj_cols` the unreduced J~. Shared by the CPU and GPU qr routes.
+inline void qr_structure_note(Index rows, Index cols, Index cj_rows, Index cj_cols,
+                              std::ostringstream& note) {
+  if (cj_rows > cj_cols)
+    note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
+            "(MATH.md §4), kappa_plus is the informative number";
+  else if (rows > cols)
+    note << "; the reduced J~ has fewer columns than rows, so rank(J) < N d_v: J is "
+            "singular by its structure, kappa_plus is the informative number";
 }
 
 /// The qr method on any compressed Jacobian `src` of an m_J x n_J Jacobian; `r1_cols` > 0
@@ -216,15 +261,6 @@ ConditionResult<double> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scal
                                           const AttentionOptions<Scalar>& opts,
                                           const QrKappaOptions& qopts = {}) {
   const Index mJ = X.rows() * WV.cols(), nJ = X.cols() * (2 * WQ.cols() + WV.cols());
-  auto structure_note = [](Index rows, Index cols, Index cj_rows, Index cj_cols,
-                           std::ostringstream& note) {
-    if (cj_rows > cj_cols)
-      note << "; J~ is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in the null space "
-              "(MATH.md §4), kappa_plus is the informative number";
-    else if (rows > cols)
-      note << "; the reduced J~ has fewer columns than rows, so rank(J) < N d_v: J is "
-              "singular by its structure, kappa_plus is the informative number";
-  };
   ConditionResult<double> res;
   if (opts.extended()) {
     // With biases or RoPE, Q and K are not X W_Q and X W_K, and the reduction of the query-key
@@ -235,7 +271,7 @@ ConditionResult<double> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scal
           note << "J~ from rank(X) = " << cj.rank() << ", " << cj.cols()
                << " columns (with biases or RoPE its query-key part is not reduced); ";
           auto r = detail::qr_condition(cj, mJ, nJ, &cj.PL(), qopts, note);
-          structure_note(cj.rows(), cj.cols(), cj.rows(), cj.cols(), note);
+          detail::qr_structure_note(cj.rows(), cj.cols(), cj.rows(), cj.cols(), note);
           return r;
         });
   } else {
@@ -247,7 +283,7 @@ ConditionResult<double> kappa_jacobian_qr(const CRef<Scalar>& X, const CRef<Scal
                << cj.cols() - rj.cols() + rj.reduced_cols() << " to " << rj.reduced_cols()
                << " columns; ";
           auto r = detail::qr_condition(rj, mJ, nJ, &rj.PL(), qopts, note);
-          structure_note(rj.rows(), rj.cols(), cj.rows(), cj.cols(), note);
+          detail::qr_structure_note(rj.rows(), rj.cols(), cj.rows(), cj.cols(), note);
           return r;
         });
   }
