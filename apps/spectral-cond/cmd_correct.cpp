@@ -104,22 +104,21 @@ std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
                  ": Fortran-order arrays of more than 2 dimensions cannot be written back");
 }
 
-void run_correct(const CorrectArgs& a, bool target_set) {
+/// The optional --target, checked with --lambda against the method they apply to.
+std::optional<double> checked_target(const CorrectArgs& a, bool target_set) {
   if (!(std::isfinite(a.lambda) && a.lambda >= 0))
     throw BadInput("--lambda must be finite and >= 0 (got " + number_text(a.lambda, 6) + ")");
-  std::optional<double> target;
-  if (target_set) {
-    if (!(std::isfinite(a.target) && a.target > 1))
-      throw BadInput("--target must be finite and > 1 (got " + number_text(a.target, 6) + ")");
-    if (a.method != CorrectionMethod::Exact)
-      throw BadInput("--target applies to --method exact only");
-    target = a.target;
-  }
-  const CheckpointReader src = io::open_checkpoint(a.checkpoint);
-  if (src.gguf())
-    throw BadInput(a.checkpoint +
-                   ": correct does not rewrite GGUF files (their quantized "
-                   "tensors have no safetensors dtype); analyze reads them");
+  if (!target_set) return std::nullopt;
+  if (!(std::isfinite(a.target) && a.target > 1))
+    throw BadInput("--target must be finite and > 1 (got " + number_text(a.target, 6) + ")");
+  if (a.method != CorrectionMethod::Exact)
+    throw BadInput("--target applies to --method exact only");
+  return a.target;
+}
+
+/// Refuses an --out that is one of the files `src` reads (or its config.json), a link, a device,
+/// a directory, or a name without .safetensors.
+void check_out(const CheckpointReader& src, const CorrectArgs& a) {
   std::vector<std::string> inputs = input_files(src);
   inputs.push_back(io::join_path(src.directory(), "config.json"));
   for (const std::string& f : inputs)
@@ -131,73 +130,61 @@ void run_correct(const CorrectArgs& a, bool target_set) {
         "--out: correct writes a safetensors file, so its name must end in "
         ".safetensors (got " +
         io::quote(a.out) + ")");
+}
 
-  const io::LayerMap map = io::parse_layer_map(a.map);
-  io::LayoutMatch match =
-      io::detect_layers(src.layout_view(&map), io::parse_layout(a.layout), a.checkpoint, &map);
-  const io::HeadConfig hc = head_config(src, a.heads, a.kv_heads);
-  const IndexSelection sel = IndexSelection::parse(a.layers, "--layers");
-  std::vector<std::int64_t> indices;
-  for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
-  sel.require_within(indices, "attention layer", a.checkpoint);
-
-  // The corrected tensors, encoded in their dtype. Layer by layer: one layer's tensors in memory.
-  std::map<std::string, std::vector<std::uint8_t>> modified;
-  std::vector<io::AttentionLayerSpec*> todo;
-  for (auto& L : match.layers)
-    if (sel.contains(L.index)) todo.push_back(&L);
-  Progress bar("correct " + a.checkpoint, !a.quiet);
-  std::size_t n_done = 0;
-  for (io::AttentionLayerSpec* Lp : todo) {
-    io::AttentionLayerSpec& L = *Lp;
-    // A fused correction treats each projection as one matrix: it needs no head count (unless
-    // the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
-    io::LayerHeads H;
-    if (hc.heads < 1 && a.placement == Placement::Fused && L.packed_rows == 0) {
-      H.heads = H.kv_heads = 1;
-      H.d_k = L.q.width;
-      H.d_v = L.v.width;
-    } else {
-      H = io::resolve_heads(L, hc, a.checkpoint);
-    }
-    std::map<std::string, Mat<double>> tensors;
-    for (const io::ProjectionSlot* s : {&L.q, &L.k, &L.v}) {
-      if (tensors.count(s->tensor)) continue;
-      if (modified.count(s->tensor))
-        throw BadInput(a.checkpoint + ": tensor " + io::quote(s->tensor) +
-                       " belongs to two attention layers");
-      if (a.verbose)
-        std::cerr << "spectral-cond: reading " << s->tensor << " from " << src.file_of(s->tensor)
-                  << '\n';
-      tensors.emplace(s->tensor, src.matrix(s->tensor));
-    }
-    auto fix = [&](const io::ProjectionSlot& s, Index heads, Index d) {
-      Mat<double>& T = tensors.at(s.tensor);
-      const Mat<double> W = io::extract_projection(s, T);
-      const Mat<double> Wc = corrected(W, heads, d, a, target);
-      if (!Wc.allFinite())
-        throw NumericalFailure(a.checkpoint + ": tensor " + io::quote(s.tensor) +
-                               ": the corrected weights have NaN or Inf entries");
-      io::insert_projection(s, Wc, T);
-    };
-    fix(L.q, H.heads, H.d_k);
-    fix(L.k, H.kv_heads, H.d_k);
-    fix(L.v, H.kv_heads, H.d_v);
-    for (const auto& kv : tensors) {
-      io::require_representable(
-          kv.second, src.dtype(kv.first),
-          src.file_of(kv.first) + ": tensor " + io::quote(kv.first) + " after the correction");
-      modified[kv.first] = io::encode_matrix(kv.second, src.dtype(kv.first));
-    }
-    bar.update(static_cast<double>(++n_done) / static_cast<double>(todo.size() + 1));
+/// The corrected tensors of one attention layer, encoded in their dtype, added to `modified`
+/// (a packed layer's slots are filled in `L` by io::resolve_heads).
+void correct_layer(const CheckpointReader& src, io::AttentionLayerSpec& L, const io::HeadConfig& hc,
+                   const CorrectArgs& a, const std::optional<double>& target,
+                   std::map<std::string, std::vector<std::uint8_t>>& modified) {
+  // A fused correction treats each projection as one matrix: it needs no head count (unless
+  // the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
+  io::LayerHeads H;
+  if (hc.heads < 1 && a.placement == Placement::Fused && L.packed_rows == 0) {
+    H.heads = H.kv_heads = 1;
+    H.d_k = L.q.width;
+    H.d_v = L.v.width;
+  } else {
+    H = io::resolve_heads(L, hc, a.checkpoint);
   }
+  std::map<std::string, Mat<double>> tensors;
+  for (const io::ProjectionSlot* s : {&L.q, &L.k, &L.v}) {
+    if (tensors.count(s->tensor)) continue;
+    if (modified.count(s->tensor))
+      throw BadInput(a.checkpoint + ": tensor " + io::quote(s->tensor) +
+                     " belongs to two attention layers");
+    if (a.verbose)
+      std::cerr << "spectral-cond: reading " << s->tensor << " from " << src.file_of(s->tensor)
+                << '\n';
+    tensors.emplace(s->tensor, src.matrix(s->tensor));
+  }
+  auto fix = [&](const io::ProjectionSlot& s, Index heads, Index d) {
+    Mat<double>& T = tensors.at(s.tensor);
+    const Mat<double> W = io::extract_projection(s, T);
+    const Mat<double> Wc = corrected(W, heads, d, a, target);
+    if (!Wc.allFinite())
+      throw NumericalFailure(a.checkpoint + ": tensor " + io::quote(s.tensor) +
+                             ": the corrected weights have NaN or Inf entries");
+    io::insert_projection(s, Wc, T);
+  };
+  fix(L.q, H.heads, H.d_k);
+  fix(L.k, H.kv_heads, H.d_k);
+  fix(L.v, H.kv_heads, H.d_v);
+  for (const auto& kv : tensors) {
+    io::require_representable(
+        kv.second, src.dtype(kv.first),
+        src.file_of(kv.first) + ": tensor " + io::quote(kv.first) + " after the correction");
+    modified[kv.first] = io::encode_matrix(kv.second, src.dtype(kv.first));
+  }
+}
 
-  // Everything else unchanged.
-  std::deque<std::vector<std::uint8_t>> keep;  // re-encoded npz / npy tensors
+/// Every tensor of `src` for the output file: the `modified` ones, the rest unchanged (views of
+/// the source's bytes, or re-encoded npz / npy / gathered PyTorch tensors kept alive in `keep`).
+std::vector<io::TensorToWrite> output_tensors(
+    const CheckpointReader& src, const std::map<std::string, std::vector<std::uint8_t>>& modified,
+    std::deque<std::vector<std::uint8_t>>& keep) {
   std::vector<io::TensorToWrite> out;
-  std::map<std::string, std::string> metadata;
   const io::Checkpoint* ck = src.checkpoint();
-  if (ck) metadata = ck->metadata();
   for (const std::string& name : src.names()) {
     io::TensorToWrite t;
     t.name = name;
@@ -223,23 +210,58 @@ void run_correct(const CorrectArgs& a, bool target_set) {
     }
     out.push_back(std::move(t));
   }
-  io::write_safetensors(a.out, out, metadata);
-  // The model's config.json beside the output, so that the new file loads as the old one did;
-  // one already there is never replaced.
-  std::string config_note;
+  return out;
+}
+
+/// The model's config.json beside the output, so that the new file loads as the old one did;
+/// one already there is never replaced. Returns what was done, for the summary line.
+std::string copy_config(const CheckpointReader& src, const std::string& out) {
   const std::string src_cfg = io::join_path(src.directory(), "config.json");
-  const std::string out_dir = io::parent_directory(a.out);
+  const std::string out_dir = io::parent_directory(out);
   const std::string out_cfg = io::join_path(out_dir.empty() ? "." : out_dir, "config.json");
-  if (io::is_regular_file(src_cfg) && !same_file(src_cfg, out_cfg)) {
-    struct stat st {};
-    if (::lstat(out_cfg.c_str(), &st) != 0) {
-      const io::MappedFile cfg(src_cfg);
-      io::atomic_write_bytes(out_cfg, cfg.data(), cfg.size());
-      config_note = "; copied config.json beside it";
-    } else {
-      config_note = "; left the config.json already at " + out_cfg;
-    }
+  if (!io::is_regular_file(src_cfg) || same_file(src_cfg, out_cfg)) return std::string();
+  struct stat st {};
+  if (::lstat(out_cfg.c_str(), &st) == 0) return "; left the config.json already at " + out_cfg;
+  const io::MappedFile cfg(src_cfg);
+  io::atomic_write_bytes(out_cfg, cfg.data(), cfg.size());
+  return "; copied config.json beside it";
+}
+
+void run_correct(const CorrectArgs& a, bool target_set) {
+  const std::optional<double> target = checked_target(a, target_set);
+  const CheckpointReader src = io::open_checkpoint(a.checkpoint);
+  if (src.gguf())
+    throw BadInput(a.checkpoint +
+                   ": correct does not rewrite GGUF files (their quantized "
+                   "tensors have no safetensors dtype); analyze reads them");
+  check_out(src, a);
+
+  const io::LayerMap map = io::parse_layer_map(a.map);
+  io::LayoutMatch match =
+      io::detect_layers(src.layout_view(&map), io::parse_layout(a.layout), a.checkpoint, &map);
+  const io::HeadConfig hc = head_config(src, a.heads, a.kv_heads);
+  const IndexSelection sel = IndexSelection::parse(a.layers, "--layers");
+  std::vector<std::int64_t> indices;
+  for (const auto& L : match.layers) indices.push_back(L.index);  // sorted by detect_layers
+  sel.require_within(indices, "attention layer", a.checkpoint);
+
+  // The corrected tensors, encoded in their dtype. Layer by layer: one layer's tensors in memory.
+  std::map<std::string, std::vector<std::uint8_t>> modified;
+  std::vector<io::AttentionLayerSpec*> todo;
+  for (auto& L : match.layers)
+    if (sel.contains(L.index)) todo.push_back(&L);
+  Progress bar("correct " + a.checkpoint, !a.quiet);
+  std::size_t n_done = 0;
+  for (io::AttentionLayerSpec* L : todo) {
+    correct_layer(src, *L, hc, a, target, modified);
+    bar.update(static_cast<double>(++n_done) / static_cast<double>(todo.size() + 1));
   }
+
+  std::deque<std::vector<std::uint8_t>> keep;
+  const std::vector<io::TensorToWrite> out = output_tensors(src, modified, keep);
+  const io::Checkpoint* ck = src.checkpoint();
+  io::write_safetensors(a.out, out, ck ? ck->metadata() : std::map<std::string, std::string>());
+  const std::string config_note = copy_config(src, a.out);
   bar.done();
   std::cout << "corrected " << modified.size() << " tensor(s) in " << todo.size()
             << " attention layer(s) of " << a.checkpoint << " (method "
