@@ -71,6 +71,20 @@ struct AttentionBatch {
   std::vector<Mat<Scalar>> WQ, WK, WV;  ///< D x d_k, D x d_k, D x d_v, one per item
   AttentionOptions<Scalar> opts;  ///< scale c and mask, shared by every item (no biases, RoPE)
 
+  /// The batch of one problem (X, W_Q, W_K, W_V), checked: throws naming `fn` as check() does.
+  static AttentionBatch single(const Mat<Scalar>& X, const Mat<Scalar>& WQ, const Mat<Scalar>& WK,
+                               const Mat<Scalar>& WV, const AttentionOptions<Scalar>& opts,
+                               const char* fn) {
+    AttentionBatch b;
+    b.X = {X};
+    b.WQ = {WQ};
+    b.WK = {WK};
+    b.WV = {WV};
+    b.opts = opts;
+    b.check(fn);
+    return b;
+  }
+
   Index size() const { return static_cast<Index>(WQ.size()); }
   const Mat<Scalar>& x(Index i) const { return X.size() == 1 ? X[0] : X[static_cast<size_t>(i)]; }
   /// Throws std::invalid_argument naming `fn` unless every item has the shape of item 0.

@@ -165,14 +165,8 @@ class DeviceProducts {
   DeviceProducts(DeviceContext& ctx, const Mat<double>& X, const Mat<double>& WQ,
                  const Mat<double>& WK, const Mat<double>& WV, const AttentionOptions<double>& opts)
       : ctx_(&ctx) {
-    AttentionBatch<double> b;
-    b.X = {X};
-    b.WQ = {WQ};
-    b.WK = {WK};
-    b.WV = {WV};
-    b.opts = opts;
-    b.check("cuda::DeviceProducts");
-    d_ = upload_batch(ctx, b);
+    d_ = upload_batch(ctx,
+                      AttentionBatch<double>::single(X, WQ, WK, WV, opts, "cuda::DeviceProducts"));
     forward(ctx, d_);
     rows_ = jacobian_rows(d_.N, d_.dv);
     cols_ = jacobian_cols(JacobianBlock::All, d_.N, d_.D, d_.dk, d_.dv);

@@ -144,13 +144,7 @@ template <typename Scalar>
 Mat<Scalar> attention_jacobian(Context& context, const Mat<Scalar>& X, const Mat<Scalar>& WQ,
                                const Mat<Scalar>& WK, const Mat<Scalar>& WV,
                                const AttentionOptions<Scalar>& opts) {
-  AttentionBatch<Scalar> b;
-  b.X = {X};
-  b.WQ = {WQ};
-  b.WK = {WK};
-  b.WV = {WV};
-  b.opts = opts;
-  b.check("cuda::attention_jacobian");
+  const auto b = AttentionBatch<Scalar>::single(X, WQ, WK, WV, opts, "cuda::attention_jacobian");
   DeviceContext& ctx = context.device();
   detail::DeviceBatch<Scalar> d = detail::upload_batch(ctx, b);
   detail::forward(ctx, d);
