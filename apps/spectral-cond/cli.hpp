@@ -67,6 +67,34 @@ inline void require_shape(const std::string& path, const std::string& role, cons
                    "), got " + shape_str(m.rows(), m.cols()));
 }
 
+/// The inputs of one attention block, read from the .npy files of --x, --wq, --wk and --wv.
+struct AttentionFiles {
+  Mat<double> X, WQ, WK, WV;
+};
+
+/// Reads X, W_Q, W_K and W_V (load_matrix) and checks their shapes against each other: X N x D
+/// with N, D >= 1, W_Q and W_K D x d_k, W_V D x d_v, d_k, d_v >= 1. Messages name the files.
+inline AttentionFiles load_attention_files(const std::string& x, const std::string& wq,
+                                           const std::string& wk, const std::string& wv) {
+  AttentionFiles in;
+  in.X = load_matrix(x, "X");
+  if (in.X.rows() < 1 || in.X.cols() < 1)
+    throw BadInput(x + ": X must be N x D with N, D >= 1 (got " +
+                   shape_str(in.X.rows(), in.X.cols()) + ")");
+  const Index D = in.X.cols();
+  in.WQ = load_matrix(wq, "W_Q");
+  require_shape(wq, "W_Q", "D x d_k with D = " + std::to_string(D) + " from " + x, D, in.WQ.cols(),
+                in.WQ);
+  if (in.WQ.cols() < 1) throw BadInput(wq + ": W_Q must have at least one column (d_k >= 1)");
+  in.WK = load_matrix(wk, "W_K");
+  require_shape(wk, "W_K", "D x d_k, D from " + x + ", d_k from " + wq, D, in.WQ.cols(), in.WK);
+  in.WV = load_matrix(wv, "W_V");
+  require_shape(wv, "W_V", "D x d_v with D = " + std::to_string(D) + " from " + x, D, in.WV.cols(),
+                in.WV);
+  if (in.WV.cols() < 1) throw BadInput(wv + ": W_V must have at least one column (d_v >= 1)");
+  return in;
+}
+
 /// Throws NumericalFailure (exit 3) naming `files` unless attention's forward pass (MATH.md §1)
 /// on these finite inputs is finite: logits c Q K^T beyond the range of double make P, and so J,
 /// NaN, and no method could answer. Checked before κ(J) is computed, so that no result (and no

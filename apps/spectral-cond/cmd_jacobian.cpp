@@ -60,23 +60,12 @@ void run_jacobian(const JacobianArgs& a) {
   }
   // Before anything is read or computed: --out may replace only a regular file that is no input.
   io::check_output_target(a.out, {a.x, a.wq, a.wk, a.wv});
-  const Mat<double> X = load_matrix(a.x, "X");
-  if (X.rows() < 1 || X.cols() < 1)
-    throw BadInput(a.x + ": X must be N x D with N, D >= 1 (got " + shape_str(X.rows(), X.cols()) +
-                   ")");
-  const Index N = X.rows(), D = X.cols();
-  const Mat<double> WQ = load_matrix(a.wq, "W_Q");
-  require_shape(a.wq, "W_Q", "D x d_k with D = " + std::to_string(D) + " from " + a.x, D, WQ.cols(),
-                WQ);
-  if (WQ.cols() < 1) throw BadInput(a.wq + ": W_Q must have at least one column (d_k >= 1)");
-  const Index dk = WQ.cols();
-  const Mat<double> WK = load_matrix(a.wk, "W_K");
-  require_shape(a.wk, "W_K", "D x d_k, D from " + a.x + ", d_k from " + a.wq, D, dk, WK);
-  const Mat<double> WV = load_matrix(a.wv, "W_V");
-  require_shape(a.wv, "W_V", "D x d_v with D = " + std::to_string(D) + " from " + a.x, D, WV.cols(),
-                WV);
-  if (WV.cols() < 1) throw BadInput(a.wv + ": W_V must have at least one column (d_v >= 1)");
-  const Index dv = WV.cols();
+  const AttentionFiles in = load_attention_files(a.x, a.wq, a.wk, a.wv);
+  const Mat<double>& X = in.X;
+  const Mat<double>& WQ = in.WQ;
+  const Mat<double>& WK = in.WK;
+  const Mat<double>& WV = in.WV;
+  const Index N = X.rows(), D = X.cols(), dk = WQ.cols(), dv = WV.cols();
 
   AttentionOptions<double> opts;
   if (a.scale_set) opts.scale = a.scale;

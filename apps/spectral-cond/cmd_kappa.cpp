@@ -51,32 +51,6 @@ struct KappaArgs {
 /// Significant digits of the table's numbers.
 constexpr int kDigits = 10;
 
-/// The attention inputs, with shapes checked against each other (names the files).
-struct AttentionInputs {
-  Mat<double> X, WQ, WK, WV;
-};
-
-AttentionInputs load_attention(const KappaArgs& a) {
-  AttentionInputs in;
-  in.X = load_matrix(a.x, "X");
-  if (in.X.rows() < 1 || in.X.cols() < 1)
-    throw BadInput(a.x + ": X must be N x D with N, D >= 1 (got " +
-                   shape_str(in.X.rows(), in.X.cols()) + ")");
-  const Index D = in.X.cols();
-  in.WQ = load_matrix(a.wq, "W_Q");
-  require_shape(a.wq, "W_Q", "D x d_k with D = " + std::to_string(D) + " from " + a.x, D,
-                in.WQ.cols(), in.WQ);
-  if (in.WQ.cols() < 1) throw BadInput(a.wq + ": W_Q must have at least one column (d_k >= 1)");
-  in.WK = load_matrix(a.wk, "W_K");
-  require_shape(a.wk, "W_K", "D x d_k, D from " + a.x + ", d_k from " + a.wq, D, in.WQ.cols(),
-                in.WK);
-  in.WV = load_matrix(a.wv, "W_V");
-  require_shape(a.wv, "W_V", "D x d_v with D = " + std::to_string(D) + " from " + a.x, D,
-                in.WV.cols(), in.WV);
-  if (in.WV.cols() < 1) throw BadInput(a.wv + ": W_V must have at least one column (d_v >= 1)");
-  return in;
-}
-
 void check_args(const KappaArgs& a) {
   require_device(a.device, parse_jacobian_kappa_method(a.method));
   const bool attention = !a.x.empty() || !a.wq.empty() || !a.wk.empty() || !a.wv.empty();
@@ -244,7 +218,7 @@ void run_matrix(const KappaArgs& a) {
 }
 
 void run_attention(const KappaArgs& a) {
-  const AttentionInputs in = load_attention(a);
+  const AttentionFiles in = load_attention_files(a.x, a.wq, a.wk, a.wv);
   const Index N = in.X.rows(), D = in.X.cols(), dk = in.WQ.cols(), dv = in.WV.cols();
   AttentionOptions<double> opts;
   if (a.scale_set) opts.scale = a.scale;
