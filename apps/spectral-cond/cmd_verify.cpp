@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <iomanip>
@@ -52,6 +53,12 @@ struct VerifyArgs {
 
 /// Significant digits of the table's ratios and κ; λ and c are echoed with std::ostream's 6.
 constexpr int kDigits = 4, kOptionDigits = 6;
+
+/// A number in the tables and summaries: kDigits significant digits, and "-" for NaN (nothing to
+/// report, such as the worst ratio of a group without a real ratio).
+std::string table_number(double x) {
+  return std::isnan(x) ? "-" : number_text(x, kDigits);
+}
 
 void make_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
@@ -130,10 +137,9 @@ std::string regimes_table(const VerifyReport& rep) {
     regime_columns(o, s.regime);
     o << std::setw(4) << s.instances << std::setw(9) << s.held << std::setw(10) << s.held_plus
       << std::setw(9) << s.violated_plus << std::setw(8) << s.inconclusive_plus << std::setw(12)
-      << number_text(s.worst_ratio_plus, kDigits) << std::setw(12)
-      << number_text(s.max_ratio_plus, kDigits) << std::setw(6)
-      << s.final_violated + s.final_unchecked << std::setw(5) << s.artefacts << std::setw(7)
-      << s.final_unresolved << std::setw(12) << number_text(s.worst_real_ratio, kDigits)
+      << table_number(s.worst_ratio_plus) << std::setw(12) << table_number(s.max_ratio_plus)
+      << std::setw(6) << s.final_violated + s.final_unchecked << std::setw(5) << s.artefacts
+      << std::setw(7) << s.final_unresolved << std::setw(12) << table_number(s.worst_real_ratio)
       << std::setw(10) << s.kappa_J_infinite << std::setw(6) << s.proven_failures << '\n';
   }
   return o.str();
@@ -151,7 +157,7 @@ std::string totals(const VerifyReport& rep) {
   o << "; " << t.artefacts << " float64 violations were artefacts; " << t.rechecked
     << " instances re-checked (" << t.rank_uncertain << " with an uncertain rank decision, "
     << t.missed << " violations float64 missed); worst real ratio "
-    << number_text(t.worst_real_ratio, kDigits) << "\n";
+    << table_number(t.worst_real_ratio) << "\n";
   o << "\nThe same, held/violated/inconclusive/unresolved (artefacts, worst real ratio), by:\n";
   using Key = std::function<std::string(const VerifyRegime&)>;
   const std::pair<const char*, Key> dimensions[] = {
@@ -160,8 +166,9 @@ std::string totals(const VerifyReport& rep) {
       {"weight scale", [](const VerifyRegime& r) { return to_string(r.weights); }},
       {"mask", [](const VerifyRegime& r) { return to_string(r.mask); }},
       {"lambda", [](const VerifyRegime& r) { return number_text(r.lambda, kOptionDigits); }}};
-  for (const auto& [title, key] : dimensions) {
-    o << "  " << std::left << std::setw(14) << title;
+  for (const auto& dimension : dimensions) {
+    const Key& key = dimension.second;  // a named reference: lambdas cannot capture a binding
+    o << "  " << std::left << std::setw(14) << dimension.first;
     std::vector<std::string> values;  // in the order of the regimes
     for (const RegimeStats& s : rep.regimes)
       if (std::find(values.begin(), values.end(), key(s.regime)) == values.end())
@@ -171,7 +178,7 @@ std::string totals(const VerifyReport& rep) {
           combined(rep.regimes, [&](const VerifyRegime& r) { return key(r) == v; });
       o << "  " << v << ": " << g.final_held << "/" << g.final_violated + g.final_unchecked << "/"
         << g.final_inconclusive << "/" << g.final_unresolved << " (artefacts " << g.artefacts
-        << ", worst " << number_text(g.worst_real_ratio, kDigits) << ")";
+        << ", worst " << table_number(g.worst_real_ratio) << ")";
     }
     o << '\n';
   }
@@ -213,10 +220,9 @@ std::string lambda_effect_table(const VerifyReport& rep) {
   for (const RegimeStats& s : rep.regimes) {
     if (s.regime.lambda == 0) continue;
     regime_columns(o, s.regime);
-    o << std::setw(4) << s.instances << std::setw(14)
-      << number_text(s.median_kappa_J_before, kDigits) << std::setw(14)
-      << number_text(s.median_kappa_J_after, kDigits) << std::setw(9) << s.lowered << std::setw(11)
-      << s.collapsed << '\n';
+    o << std::setw(4) << s.instances << std::setw(14) << table_number(s.median_kappa_J_before)
+      << std::setw(14) << table_number(s.median_kappa_J_after) << std::setw(9) << s.lowered
+      << std::setw(11) << s.collapsed << '\n';
   }
   const RegimeStats t = combined(rep.regimes, [](const VerifyRegime& r) { return r.lambda != 0; });
   o << "  all lambda > 0: " << t.instances << " instances, kappa(J) lowered in " << t.lowered

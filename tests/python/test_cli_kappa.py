@@ -286,6 +286,13 @@ class CliKappaTest(unittest.TestCase):
         j2 = json.loads(r2.stdout)
         self.assertEqual(j2["regimes"], j["regimes"])
 
+    def test_verify_table_writes_a_dash_where_nothing_is_reported(self):
+        # A group without a real ratio has no worst ratio (NaN in the sweep): the table says "-".
+        r = self.run_cli("verify", "--instances-per-regime", "1", "--seed", "7", "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("worst -)", r.stdout)
+        self.assertNotRegex(r.stdout, r"\bnan\b")
+
     def test_help_exits_0(self):
         for cmd in ("kappa", "verify"):
             r = self.run_cli(cmd, "--help")
