@@ -15,7 +15,9 @@ namespace {
 
 /// A number in the tables: 4 significant digits, and an empty cell for NaN (a value that was
 /// not computed), as in the CSV.
-std::string table_number(double x) { return std::isnan(x) ? std::string() : number_text(x, 4); }
+std::string table_number(double x) {
+  return std::isnan(x) ? std::string() : number_text(x, 4);
+}
 
 /// The same for the table: "kappa(J) with biases b_Q, b_V and RoPE rotate_half (theta 10000, 64
 /// of 64 columns; from config.json)", or "kappa(J) without biases or RoPE".
@@ -88,8 +90,8 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
       if (j.corrected.empty()) continue;
       auto row = [&](const std::string& what, const Theorem34Report& t) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(11) << table_number(t.J.kappa)
-          << std::setw(11) << table_number(t.J.kappa_plus) << std::setw(11)
+          << what << std::right << std::setw(11) << table_number(t.J.kappa) << std::setw(11)
+          << table_number(t.J.kappa_plus) << std::setw(11)
           << (t.have_diagnostics ? table_number(t.free_bound.bound) : std::string("-"))
           << std::setw(11) << table_number(t.X.kappa) << std::setw(11)
           << (t.have_diagnostics ? (t.diagnostics.collapsed ? "YES" : "no") : "-") << '\n';
@@ -115,11 +117,10 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
         if (!t.have_diagnostics) return;
         const AttentionPattern& p = t.diagnostics.pattern;
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::setw(18)
-          << what << std::right << std::setw(12) << table_number(p.row_max_min)
-          << std::setw(12) << table_number(p.row_max_mean) << std::setw(12)
-          << table_number(p.entropy_mean) << std::setw(12)
-          << (std::to_string(p.saturated) + "/" + std::to_string(p.rows)) << std::setw(12)
-          << p.saturated_diagonal << std::setw(14)
+          << what << std::right << std::setw(12) << table_number(p.row_max_min) << std::setw(12)
+          << table_number(p.row_max_mean) << std::setw(12) << table_number(p.entropy_mean)
+          << std::setw(12) << (std::to_string(p.saturated) + "/" + std::to_string(p.rows))
+          << std::setw(12) << p.saturated_diagonal << std::setw(14)
           << table_number(t.diagnostics.norms.ratio_QK_V) << '\n';
         if (!t.diagnostics.note.empty())
           notes.push_back("layer " + std::to_string(L.spec.index) + " head " +
@@ -144,8 +145,7 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
   std::ostringstream o;
   auto weyl = [&](const CorrectedKappa& c) {
     return table_number(c.kappa) +
-           (c.weyl_applies ? " (<=" + table_number(c.weyl_bound) + ")"
-                           : " (no bound)");
+           (c.weyl_applies ? " (<=" + table_number(c.weyl_bound) + ")" : " (no bound)");
   };
   for (const auto& rep : reps) {
     o << rep.path << ": " << to_string(rep.kind) << ", layout " << io::to_string(rep.layout) << ", "
@@ -160,11 +160,10 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
         o << std::left << std::setw(6) << L.spec.index << std::setw(6) << head << std::setw(5)
           << m.role.substr(2) << std::setw(11)
           << (std::to_string(L.spec.D) + "x" + std::to_string(cols)) << std::right << std::setw(11)
-          << table_number(m.cond.sigma_max) << std::setw(11)
-          << table_number(m.cond.sigma_min) << std::setw(11)
-          << table_number(m.cond.kappa) << std::setw(24) << weyl(m.fused)
-          << std::setw(24) << weyl(m.per_head) << std::setw(10)
-          << table_number(m.exact_kappa) << '\n';
+          << table_number(m.cond.sigma_max) << std::setw(11) << table_number(m.cond.sigma_min)
+          << std::setw(11) << table_number(m.cond.kappa) << std::setw(24) << weyl(m.fused)
+          << std::setw(24) << weyl(m.per_head) << std::setw(10) << table_number(m.exact_kappa)
+          << '\n';
       };
       row("all", L.q, L.spec.q.width);
       row("all", L.k, L.spec.k.width);
@@ -211,13 +210,11 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
           std::string m = r.J.method;
           o << std::left << std::setw(6) << L.spec.index << std::setw(6) << j.head << std::right
             << std::setw(11) << table_number(r.J.kappa) << std::setw(11)
-            << table_number(r.J.kappa_plus) << std::setw(7) << r.J.rank
-            << std::setw(10) << table_number(r.X.kappa) << std::setw(10)
-            << table_number(r.Lambda.kappa_plus) << std::setw(10)
-            << table_number(r.WQ.kappa) << std::setw(10)
-            << table_number(r.WK.kappa) << std::setw(10)
-            << table_number(r.WV.kappa) << std::setw(10)
-            << table_number(r.P.kappa_plus) << std::setw(11)
+            << table_number(r.J.kappa_plus) << std::setw(7) << r.J.rank << std::setw(10)
+            << table_number(r.X.kappa) << std::setw(10) << table_number(r.Lambda.kappa_plus)
+            << std::setw(10) << table_number(r.WQ.kappa) << std::setw(10)
+            << table_number(r.WK.kappa) << std::setw(10) << table_number(r.WV.kappa)
+            << std::setw(10) << table_number(r.P.kappa_plus) << std::setw(11)
             << table_number(r.bound_plus) << std::setw(7)
             << (!r.bound_applies ? "n/a"
                 : r.holds_plus   ? "yes"
