@@ -22,6 +22,7 @@
 #include <spectral_cond/io/atomic_file.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -44,8 +45,10 @@ struct KappaArgs {
   std::string format = "table";
   bool quiet = false;
   std::string device = "cpu";
+  std::int64_t max_iterations = 0;  ///< --max-iterations: matfree's LOBPCG limit (0: default)
   // which options were given on the command line
-  bool scale_set = false, mask_set = false, method_set = false, tol_set = false;
+  bool scale_set = false, mask_set = false, method_set = false, tol_set = false,
+       max_iterations_set = false;
 };
 
 /// Significant digits of the table's numbers.
@@ -68,12 +71,13 @@ void check_args(const KappaArgs& a) {
     if (!missing.empty())
       throw BadInput("attention inputs need --x, --wq, --wk and --wv (missing " + missing + ")");
   } else {
-    const char* extra = a.bound        ? "--bound"
-                        : a.method_set ? "--method"
-                        : a.scale_set  ? "--scale"
-                        : a.mask_set   ? "--mask"
-                        : a.tol_set    ? "--tol"
-                                       : nullptr;
+    const char* extra = a.bound                ? "--bound"
+                        : a.method_set         ? "--method"
+                        : a.scale_set          ? "--scale"
+                        : a.mask_set           ? "--mask"
+                        : a.tol_set            ? "--tol"
+                        : a.max_iterations_set ? "--max-iterations"
+                                               : nullptr;
     if (extra != nullptr)
       throw BadInput(std::string(extra) + " applies to attention inputs (--x ...), not --matrix");
   }
@@ -229,6 +233,7 @@ void run_attention(const KappaArgs& a) {
   jo.method = parse_jacobian_kappa_method(a.method);
   jo.tol = a.tol;
   jo.rtol = a.rtol;
+  if (a.max_iterations_set) jo.matfree.max_iterations = a.max_iterations;
   Progress bar("kappa(J)", !a.quiet);
   if (bar.enabled()) jo.progress = [&bar](double f) { bar.update(f); };
 
@@ -323,6 +328,10 @@ void register_kappa(CLI::App& app) {
                   "rank tolerance relative to sigma_1 (default max(m, n) eps; 0: every nonzero "
                   "sigma counts)");
   cmd->add_option("--tol", args->tol, "requested relative accuracy of sigma_min(J) (default 1e-6)");
+  cmd->add_option("--max-iterations", args->max_iterations,
+                  "LOBPCG iterations allowed to the matfree method (default 2000; fewer make it "
+                  "decline sooner, as when measuring the cost of an iteration)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_flag("--bound", args->bound, "add every term of Theorem 3.4 (MATH.md §5)");
   cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")
       ->check(CLI::IsMember({"table", "json"}));
@@ -335,6 +344,7 @@ void register_kappa(CLI::App& app) {
     args->mask_set = cmd->count("--mask") > 0;
     args->method_set = cmd->count("--method") > 0;
     args->tol_set = cmd->count("--tol") > 0;
+    args->max_iterations_set = cmd->count("--max-iterations") > 0;
     check_args(*args);
     if (args->matrix.empty())
       run_attention(*args);

@@ -245,6 +245,28 @@ class CliKappaTest(unittest.TestCase):
         np.save(paths["X"], mats["X"] * 1e200)  # finite inputs whose logits overflow
         self.expect_error(["kappa", *args], code=3, contains="NaN or Inf")
 
+    def test_max_iterations_caps_matfree(self):
+        mats, paths, args = self.attention_problem(N=24, D=32, dk=4, dv=4)
+        j = self.run_json("kappa", *args, "--method", "matfree")
+        self.assertEqual(j["info"], "success")
+        jpath = os.path.join(self.dir, "J.npy")  # J itself is checked against differences
+        r = self.run_cli("jacobian", *args, "--out", jpath)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        s = np.linalg.svd(np.load(jpath), compute_uv=False)
+        self.assertLessEqual(rel(num(j["sigma_min"]), s[-1]), 1e-8)
+        self.assertGreater(j["iterations"], 3)  # else the cap below would not bite
+        # Capped below what it needs: it declines (exit 3), and says so in the report.
+        r = self.run_cli("kappa", *args, "--method", "matfree", "--max-iterations", "2",
+                         "--format", "json", "--quiet")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("did not converge", r.stderr)
+        jc = json.loads(r.stdout)
+        self.assertEqual(jc["info"], "not_converging")
+        self.assertIn("; 2 iterations", jc["note"])  # LOBPCG's, after Lanczos for sigma_max
+        self.expect_error(["kappa", *args, "--max-iterations", "0"], contains="--max-iterations")
+        self.expect_error(["kappa", "--matrix", paths["X"], "--max-iterations", "5"],
+                          contains="--max-iterations applies to attention inputs")
+
     # verify ----------------------------------------------------------------------------------
 
     def test_verify_json_runs_and_counts_add_up(self):
