@@ -52,12 +52,12 @@ struct VerifyArgs {
 };
 
 /// Significant digits of the table's ratios and κ; λ and c are echoed with std::ostream's 6.
-constexpr int kDigits = 4, kOptionDigits = 6;
+constexpr int kVerifyDigits = 4, kOptionDigits = 6;
 
-/// A number in the tables and summaries: kDigits significant digits, and "-" for NaN (nothing to
-/// report, such as the worst ratio of a group without a real ratio).
-std::string table_number(double x) {
-  return std::isnan(x) ? "-" : number_text(x, kDigits);
+/// A number in the tables and summaries: kVerifyDigits significant digits, and "-" for NaN (nothing
+/// to report, such as the worst ratio of a group without a real ratio).
+std::string verify_number(double x) {
+  return std::isnan(x) ? "-" : number_text(x, kVerifyDigits);
 }
 
 void make_dir(const std::string& dir) {
@@ -137,9 +137,9 @@ std::string regimes_table(const VerifyReport& rep) {
     regime_columns(o, s.regime);
     o << std::setw(4) << s.instances << std::setw(9) << s.held << std::setw(10) << s.held_plus
       << std::setw(9) << s.violated_plus << std::setw(8) << s.inconclusive_plus << std::setw(12)
-      << table_number(s.worst_ratio_plus) << std::setw(12) << table_number(s.max_ratio_plus)
+      << verify_number(s.worst_ratio_plus) << std::setw(12) << verify_number(s.max_ratio_plus)
       << std::setw(6) << s.final_violated + s.final_unchecked << std::setw(5) << s.artefacts
-      << std::setw(7) << s.final_unresolved << std::setw(12) << table_number(s.worst_real_ratio)
+      << std::setw(7) << s.final_unresolved << std::setw(12) << verify_number(s.worst_real_ratio)
       << std::setw(10) << s.kappa_J_infinite << std::setw(6) << s.proven_failures << '\n';
   }
   return o.str();
@@ -157,7 +157,7 @@ std::string totals(const VerifyReport& rep) {
   o << "; " << t.artefacts << " float64 violations were artefacts; " << t.rechecked
     << " instances re-checked (" << t.rank_uncertain << " with an uncertain rank decision, "
     << t.missed << " violations float64 missed); worst real ratio "
-    << table_number(t.worst_real_ratio) << "\n";
+    << verify_number(t.worst_real_ratio) << "\n";
   o << "\nThe same, held/violated/inconclusive/unresolved (artefacts, worst real ratio), by:\n";
   using Key = std::function<std::string(const VerifyRegime&)>;
   const std::pair<const char*, Key> dimensions[] = {
@@ -178,7 +178,7 @@ std::string totals(const VerifyReport& rep) {
           combined(rep.regimes, [&](const VerifyRegime& r) { return key(r) == v; });
       o << "  " << v << ": " << g.final_held << "/" << g.final_violated + g.final_unchecked << "/"
         << g.final_inconclusive << "/" << g.final_unresolved << " (artefacts " << g.artefacts
-        << ", worst " << table_number(g.worst_real_ratio) << ")";
+        << ", worst " << verify_number(g.worst_real_ratio) << ")";
     }
     o << '\n';
   }
@@ -220,8 +220,8 @@ std::string lambda_effect_table(const VerifyReport& rep) {
   for (const RegimeStats& s : rep.regimes) {
     if (s.regime.lambda == 0) continue;
     regime_columns(o, s.regime);
-    o << std::setw(4) << s.instances << std::setw(14) << table_number(s.median_kappa_J_before)
-      << std::setw(14) << table_number(s.median_kappa_J_after) << std::setw(9) << s.lowered
+    o << std::setw(4) << s.instances << std::setw(14) << verify_number(s.median_kappa_J_before)
+      << std::setw(14) << verify_number(s.median_kappa_J_after) << std::setw(9) << s.lowered
       << std::setw(11) << s.collapsed << '\n';
   }
   const RegimeStats t = combined(rep.regimes, [](const VerifyRegime& r) { return r.lambda != 0; });
