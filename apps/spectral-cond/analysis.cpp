@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace spectral_cond::cli {
@@ -361,17 +362,38 @@ class CheckpointAnalysis {
     const std::vector<Index> heads = shard_heads(H);
     const std::vector<std::vector<Weights>> w = variants(W, H, heads);
     if (o_.device == "cuda" && !heads.empty()) job.device_J = device_jacobians(job, w);
-    const unsigned threads = o_.device == "cuda" ? 1u : resolved_jobs(o_.jobs, heads.size());
+    // One task per distinct (head, variant): a variant equal to an earlier one of its head reuses
+    // that report (the original's, or the fused one's for the per-head placement of one head).
+    std::vector<std::vector<std::size_t>> first(heads.size());
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;
+    for (std::size_t i = 0; i < heads.size(); ++i)
+      for (std::size_t v = 0; v < w[i].size(); ++v) {
+        const auto b = w[i].begin();
+        first[i].push_back(
+            static_cast<std::size_t>(std::find(b, b + static_cast<long>(v), w[i][v]) - b));
+        if (first[i][v] == v) tasks.emplace_back(i, v);
+      }
+    const unsigned threads = o_.device == "cuda" ? 1u : resolved_jobs(o_.jobs, tasks.size());
     if (threads > 1) {
       const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
       job.bo.jacobian.qr.threads = std::max(1u, hw / threads);
     }
     // Named once, before the threads start (a sharded checkpoint finds a tensor's file lazily).
     job.where = src_.file_of(L.q.tensor) + ": layer " + std::to_string(L.index);
-    ls.jacobian.resize(heads.size());
-    parallel_for(heads.size(), threads, [&](std::size_t i) {
-      ls.jacobian[i] = head_jacobians(job, heads[i], w[i], i * w[i].size());
+    std::vector<std::vector<Theorem34Report>> reports(heads.size());
+    std::vector<std::vector<double>> seconds(heads.size());
+    for (std::size_t i = 0; i < heads.size(); ++i) {
+      reports[i].resize(w[i].size());
+      seconds[i].assign(w[i].size(), 0.0);
+    }
+    parallel_for(tasks.size(), threads, [&](std::size_t t) {
+      const auto [i, v] = tasks[t];
+      reports[i][v] = theorem34_of(job, w[i][v], heads[i], i * w[i].size() + v, seconds[i][v]);
+      tick(1);
     });
+    ls.jacobian.clear();
+    for (std::size_t i = 0; i < heads.size(); ++i)
+      ls.jacobian.push_back(head_jacobians(*job.H, heads[i], first[i], reports[i], seconds[i]));
   }
 
   /// --device cuda: κ(J) of every head and variant in one batch on the GPU (the other terms of
@@ -390,31 +412,26 @@ class CheckpointAnalysis {
     return device_kappa_jacobian(job.X, qs, ks, vs, ao, job.bo.jacobian);
   }
 
-  /// Head h: the report of its weights w[0], then of each corrected variant w[1..]; `slot` is
-  /// w[0]'s place in the device batch. Equal weights give the same report: the original's, or
-  /// the fused one's for the per-head placement (one head, or head 0).
-  JacobianStats head_jacobians(const LayerJacobianJob& job, Index h, const std::vector<Weights>& w,
-                               std::size_t slot) {
+  /// Head h's statistics from the reports of its weights (variant 0) and of each corrected
+  /// variant; first[v] is the first variant whose weights equal variant v's, whose report it
+  /// takes (unchanged where that is the original's).
+  JacobianStats head_jacobians(const io::LayerHeads& H, Index h,
+                               const std::vector<std::size_t>& first,
+                               const std::vector<Theorem34Report>& reports,
+                               const std::vector<double>& seconds) {
     JacobianStats js;
     js.head = h;
-    js.kv_head = h / (job.H->heads / job.H->kv_heads);
-    js.report = theorem34_of(job, w[0], h, slot, js.seconds);
-    tick(1);
-    for (std::size_t v = 1; v < w.size(); ++v) {
+    js.kv_head = h / (H.heads / H.kv_heads);
+    js.report = reports[0];
+    js.seconds = seconds[0];
+    for (std::size_t v = 1; v < reports.size(); ++v) {
       CorrectedJacobian cj;
       cj.correction = kCorrections[v - 1];
-      const std::size_t same = static_cast<std::size_t>(
-          std::find(w.begin(), w.begin() + static_cast<long>(v), w[v]) - w.begin());
-      if (same == 0) {
-        cj.unchanged = true;
-        cj.report = js.report;
-      } else if (same < v) {
-        cj.report = js.corrected[same - 1].report;
-      } else {
-        cj.report = theorem34_of(job, w[v], h, slot + v, cj.seconds);
-      }
+      cj.unchanged = first[v] == 0;
+      cj.report = reports[first[v]];
+      cj.seconds = first[v] == v ? seconds[v] : 0.0;
+      if (first[v] != v) tick(1);
       js.corrected.push_back(std::move(cj));
-      tick(1);
     }
     return js;
   }
