@@ -1,10 +1,10 @@
 // spectral_cond: the one list of the precompiled instances (the project's own build target
-// spectral_cond_instances, src/instances.cpp). Each group below is a list of explicit
+// spectral_cond_instances, src/instances_*.cpp). Each group below is a list of explicit
 // instantiations for a scalar S; the header that defines a group's templates ends with
 // SPECTRAL_COND_DECLARE_EXTERN(group), which, where SPECTRAL_COND_EXTERN_INSTANCES is defined
 // (targets linked to spectral_cond_instances), declares them `extern template` for float and
-// double, so that those translation units do not instantiate them again; src/instances.cpp
-// defines every group from the same list. Users of the header-only library are not affected.
+// double, so that those translation units do not instantiate them again; src/instances_*.cpp
+// define every group from the same list. Users of the header-only library are not affected.
 #pragma once
 
 #define SPECTRAL_COND_INSTANCES_svd(X, S)                  \
@@ -28,10 +28,14 @@
       const spectral_cond::CRef<S>&, const spectral_cond::AttentionOptions<S>&,                    \
       const spectral_cond::BoundOptions&))
 
-/// Every group, for src/instances.cpp.
-#define SPECTRAL_COND_ALL_INSTANCES(X, S)                                    \
-  SPECTRAL_COND_INSTANCES_svd(X, S) SPECTRAL_COND_INSTANCES_compressed(X, S) \
-      SPECTRAL_COND_INSTANCES_kappa_jacobian(X, S) SPECTRAL_COND_INSTANCES_theorem34(X, S)
+/// Every group, in two parts of about equal compile time, one per source file
+/// (src/instances_decompositions.cpp and src/instances_methods.cpp), so that they compile in
+/// parallel; the second sees the first's `extern template` declarations and does not instantiate
+/// them again.
+#define SPECTRAL_COND_INSTANCES_DECOMPOSITIONS(X, S) \
+  SPECTRAL_COND_INSTANCES_svd(X, S) SPECTRAL_COND_INSTANCES_compressed(X, S)
+#define SPECTRAL_COND_INSTANCES_METHODS(X, S) \
+  SPECTRAL_COND_INSTANCES_kappa_jacobian(X, S) SPECTRAL_COND_INSTANCES_theorem34(X, S)
 
 #define SPECTRAL_COND_INSTANCE_EXTERN(...) extern __VA_ARGS__;
 #define SPECTRAL_COND_INSTANCE_DEFINE(...) __VA_ARGS__;
