@@ -362,17 +362,8 @@ class CheckpointAnalysis {
     const std::vector<Index> heads = shard_heads(H);
     const std::vector<std::vector<Weights>> w = variants(W, H, heads);
     if (o_.device == "cuda" && !heads.empty()) job.device_J = device_jacobians(job, w);
-    // One task per distinct (head, variant): a variant equal to an earlier one of its head reuses
-    // that report (the original's, or the fused one's for the per-head placement of one head).
-    std::vector<std::vector<std::size_t>> first(heads.size());
-    std::vector<std::pair<std::size_t, std::size_t>> tasks;
-    for (std::size_t i = 0; i < heads.size(); ++i)
-      for (std::size_t v = 0; v < w[i].size(); ++v) {
-        const auto b = w[i].begin();
-        first[i].push_back(
-            static_cast<std::size_t>(std::find(b, b + static_cast<long>(v), w[i][v]) - b));
-        if (first[i][v] == v) tasks.emplace_back(i, v);
-      }
+    std::vector<std::vector<std::size_t>> first;
+    const std::vector<std::pair<std::size_t, std::size_t>> tasks = distinct_variants(w, first);
     const unsigned threads = o_.device == "cuda" ? 1u : resolved_jobs(o_.jobs, tasks.size());
     if (threads > 1) {
       const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -394,6 +385,23 @@ class CheckpointAnalysis {
     ls.jacobian.clear();
     for (std::size_t i = 0; i < heads.size(); ++i)
       ls.jacobian.push_back(head_jacobians(*job.H, heads[i], first[i], reports[i], seconds[i]));
+  }
+
+  /// The distinct (head, variant) pairs of w, one task each: a variant equal to an earlier one of
+  /// its head reuses that report (the original's, or the fused one's for the per-head placement
+  /// of one head). first[i][v] is the first variant of head i whose weights equal variant v's.
+  static std::vector<std::pair<std::size_t, std::size_t>> distinct_variants(
+      const std::vector<std::vector<Weights>>& w, std::vector<std::vector<std::size_t>>& first) {
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;
+    first.assign(w.size(), {});
+    for (std::size_t i = 0; i < w.size(); ++i)
+      for (std::size_t v = 0; v < w[i].size(); ++v) {
+        const auto b = w[i].begin();
+        first[i].push_back(
+            static_cast<std::size_t>(std::find(b, b + static_cast<long>(v), w[i][v]) - b));
+        if (first[i][v] == v) tasks.emplace_back(i, v);
+      }
+    return tasks;
   }
 
   /// --device cuda: κ(J) of every head and variant in one batch on the GPU (the other terms of
