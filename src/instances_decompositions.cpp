@@ -1,5 +1,5 @@
-// Precompiled instances behind spectral_cond_instances (CMakeLists.txt), part "decompositions" of the one
-// list in include/spectral_cond/detail/instances.hpp, for S = INSTANCE_SCALAR (each part is
+// Precompiled instances behind spectral_cond_instances (CMakeLists.txt), part "decompositions" of
+// the one list in include/spectral_cond/detail/instances.hpp, for S = INSTANCE_SCALAR (each part is
 // compiled for float and for double). Targets linked to spectral_cond_instances get
 // SPECTRAL_COND_EXTERN_INSTANCES, and with it the matching `extern template` declarations at the
 // end of each header. The library stays header-only for its users; this only shortens the

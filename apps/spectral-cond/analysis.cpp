@@ -437,7 +437,7 @@ class CheckpointAnalysis {
       cj.correction = kCorrections[v - 1];
       cj.unchanged = first[v] == 0;
       cj.report = reports[first[v]];
-      cj.seconds = first[v] == v ? seconds[v] : 0.0;
+      cj.seconds = seconds[v];  // 0 for a variant that reuses a report
       if (first[v] != v) tick(1);
       js.corrected.push_back(std::move(cj));
     }
