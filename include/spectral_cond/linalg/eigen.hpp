@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
 #include <lapacke.h>
@@ -94,6 +95,36 @@ std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& a
   }
   ascending.resize(0);
   return {};
+}
+
+/// The eigenvectors of the symmetric `G` for its k smallest eigenvalues (1 <= k <= n), into the
+/// n x k `vectors`, in ascending order of the eigenvalues: LAPACK ?syevr for that range only
+/// (where the build has LAPACKE), else Eigen's SelfAdjointEigenSolver. False where the solver
+/// reports a failure or a vector is not finite (then `vectors` is left empty).
+inline bool smallest_eigenvectors(const Mat<double>& G, Index k, Mat<double>& vectors) {
+  const Index n = G.rows();
+  vectors.resize(0, 0);
+  if (k < 1 || k > n) return false;
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  {
+    Mat<double> A = G, Z(n, k);
+    Vec<double> w(n);
+    std::vector<lapack_int> support(static_cast<std::size_t>(2 * k));
+    lapack_int found = 0;
+    const lapack_int rc = LAPACKE_dsyevr(
+        LAPACK_COL_MAJOR, 'V', 'I', 'L', static_cast<lapack_int>(n), A.data(),
+        static_cast<lapack_int>(n), 0.0, 0.0, 1, static_cast<lapack_int>(k), 0.0, &found, w.data(),
+        Z.data(), static_cast<lapack_int>(n), support.data());
+    if (rc == 0 && found == k && Z.allFinite()) {
+      vectors = std::move(Z);
+      return true;
+    }
+  }
+#endif
+  const Eigen::SelfAdjointEigenSolver<Mat<double>> es(G);
+  if (es.info() != Eigen::Success || !es.eigenvectors().allFinite()) return false;
+  vectors = es.eigenvectors().leftCols(k);
+  return true;
 }
 
 }  // namespace detail

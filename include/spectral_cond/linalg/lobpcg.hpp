@@ -61,6 +61,7 @@ struct LobpcgOutcome {
   Index iterations = 0;
   Index fresh_steps = 0;  ///< Rayleigh-Ritz steps that took 3 b fresh products
   bool converged = false;
+  bool at_eta_floor = false;  ///< stopped where η stopped falling, above tol (see below)
 };
 
 /// σ_min of the wide J (products J.apply(x, y) = J x and J.apply_transpose(x, y) = J^T x, one JVP
@@ -138,6 +139,8 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
   orthonormal_basis(X);
   rayleigh_ritz(false);
   X = Xn;
+  double best = std::numeric_limits<double>::infinity();  // the last η that halved the one before
+  Index best_it = 0;
   double done = 0;  // progress: the fraction of the way from ρ = 1 to ρ = tol, never decreasing
   for (Index it = 0;; ++it) {
     R.resize(m, sig.size());
@@ -151,9 +154,19 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     out.iterations = it;
     const double measure = stop == LobpcgStop::Residual ? out.eta : out.rho;
     const double floor = 16 * eps * sigma_max / sig(0);
-    if (measure <= lo.tol ||
+    // η's own floor (the rounding of the stored x through J J^T, up to ε κ^2): reached once η is
+    // below 64 ε κ^2 and has not halved in the last 64 iterations.
+    if (measure < 0.5 * best) {
+      best = measure;
+      best_it = it;
+    }
+    const double kappa = sigma_max / sig(0);
+    const bool eta_floor =
+        stop == LobpcgStop::Residual && measure <= 64 * eps * kappa * kappa && it - best_it >= 64;
+    if (measure <= lo.tol || eta_floor ||
         (measure <= floor && std::abs(previous - out.sigma) <= 0.25 * floor * out.sigma)) {
       out.converged = true;
+      out.at_eta_floor = eta_floor && measure > lo.tol;
       out.x = X.col(0);
       return out;
     }

@@ -151,6 +151,80 @@ struct ChannelBlockPreconditioner {
   }
 };
 
+/// The coarse level of the matfree preconditioner (MATH.md §12): the space Z = R^{d_v} ⊗ U_k of
+/// output matrices whose columns lie in span(U_k), U_k the eigenvectors of S = (P X)(P X)^T for
+/// its k smallest eigenvalues, where J J^T ⪰ I ⊗ S is weakest and the channel blocks miss the
+/// coupling of tokens and channels. Its Galerkin matrix E = Z^T J J^T Z (k d_v x k d_v) comes from
+/// the structured form with no product by J: for z = e_i ⊗ u_a, J_Q^T z is the r x d_k matrix
+/// X^T diag(u_a) 𝔅^(i) and J_K^T z is 𝔈^(i)T diag(u_a) Q (𝔅^(i), 𝔈^(i) the N rows of channel
+/// i), and Z^T (I ⊗ S) Z = diag(μ_a). It is added to the channel blocks' inverse (an additive
+/// two-level preconditioner): M^{-1} = M_1^{-1} + Z E^{-1} Z^T.
+struct CoarseCorrection {
+  Mat<double> U;  ///< U_k, N x k
+  Mat<double> L;  ///< Cholesky factor of E, index a + k i
+  Index k = 0;
+
+  /// Builds E from the unmixed 𝔅 and 𝔈 of jp (𝔈 absent: with_keys false, no coarse level, as
+  /// with RoPE). False, and k = 0, for `modes` = 0 and where S's eigenvectors or E's factor fail
+  /// (`why` says which): the preconditioner then has one level, which is still valid.
+  bool build(const JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S,
+             Index modes, bool with_keys, std::string& why) {
+    k = 0;
+    const Index N = X.rows(), r = X.cols(), dv = jp.fwd.V.cols(), dk = jp.fwd.Q.cols();
+    const Index kk = std::min(modes, N);
+    if (kk < 1) return false;
+    if (!with_keys) {
+      why = "none with RoPE, whose key term has no structured form";
+      return false;
+    }
+    if (!smallest_eigenvectors(S, kk, U)) {
+      why = "the eigenvectors of (PX)(PX)^T were not computed";
+      return false;
+    }
+    const Index n = kk * dv;
+    Mat<double> F(2 * r * dk, n), W(N, kk * dk), WQ(N, kk * dk);
+    for (Index a = 0; a < kk; ++a) WQ.middleCols(a * dk, dk) = U.col(a).asDiagonal() * jp.fwd.Q;
+    for (Index i = 0; i < dv; ++i) {
+      for (Index a = 0; a < kk; ++a)
+        W.middleCols(a * dk, dk) = U.col(a).asDiagonal() * jp.B.middleRows(i * N, N);
+      for (Index a = 0; a < kk; ++a) {
+        Eigen::Map<Mat<double>> q(F.col(a + kk * i).data(), r, dk);
+        q.noalias() = X.transpose() * W.middleCols(a * dk, dk);
+        Eigen::Map<Mat<double>> h(F.col(a + kk * i).data() + r * dk, r, dk);
+        h.noalias() = jp.E.middleRows(i * N, N).transpose() * WQ.middleCols(a * dk, dk);
+      }
+    }
+    L = Mat<double>::Zero(n, n);
+    L.selfadjointView<Eigen::Lower>().rankUpdate(F.transpose());
+    const Vec<double> mu = U.transpose().cwiseProduct((S * U).transpose()).rowwise().sum();
+    for (Index i = 0; i < dv; ++i) L.diagonal().segment(i * kk, kk) += mu;
+    const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
+                         std::max(L.diagonal().maxCoeff(), std::numeric_limits<double>::min());
+    L.diagonal().array() += shift;
+    if (!cholesky_in_place(L)) {
+      why = "its Galerkin matrix is not positive definite at working precision";
+      return false;
+    }
+    k = kk;
+    return true;
+  }
+
+  /// Z E^{-1} Z^T B, for the columns of B as N x d_v matrices; into C.
+  void apply(const Mat<double>& B, Mat<double>& C) const {
+    const Index N = U.rows(), dv = B.rows() / N;
+    Mat<double> Y(k * dv, B.cols());
+    for (Index c = 0; c < B.cols(); ++c)
+      Eigen::Map<Mat<double>>(Y.col(c).data(), k, dv).noalias() =
+          U.transpose() * Eigen::Map<const Mat<double>>(B.col(c).data(), N, dv);
+    L.triangularView<Eigen::Lower>().solveInPlace(Y);
+    L.triangularView<Eigen::Lower>().transpose().solveInPlace(Y);
+    C.resize(B.rows(), B.cols());
+    for (Index c = 0; c < B.cols(); ++c)
+      Eigen::Map<Mat<double>>(C.col(c).data(), N, dv).noalias() =
+          U * Eigen::Map<const Mat<double>>(Y.col(c).data(), k, dv);
+  }
+};
+
 /// The compressed inputs of MATH.md §3 for N < D: X = L V^T from X's truncated SVD
 /// (detail::truncated_svd, L = U Σ, N x r, V D x r with orthonormal columns), so the Jacobian of
 /// attention at (L, V^T W_Q, V^T W_K, V^T W_V) is J~ = J T^T with T's rows orthonormal:
@@ -204,6 +278,8 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   // S = (P X)(P X)^T: J J^T >= J_V J_V^T = I ⊗ S (MATH.md §5, the bound without hypothesis).
   const Index N = in.X.rows();
   ChannelBlockPreconditioner M;
+  CoarseCorrection coarse;
+  std::string coarse_why;  // why there is no coarse level, where one was asked for
   double lower = 0;  // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
   {
     JacobianParts<double> jp;
@@ -218,12 +294,19 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
     why.clear();
+    coarse.build(jp, c.x(in), S, jo.matfree_coarse, !jp.fwd.rope.active, coarse_why);
+    why.clear();
     if (!M.build(jp, c.x(in), S, !jp.fwd.rope.active, why))
       // The preconditioner only speeds the iteration: its failure says nothing of σ_min(J).
       return run.decline(Info::NotConverging, "the matfree preconditioner: " + why);
   }
   if (jo.progress) jo.progress(0.1);
-  auto precondition = [&M](Mat<double>& B) { M.apply(B); };
+  Mat<double> C;
+  auto precondition = [&M, &coarse, &C](Mat<double>& B) {
+    if (coarse.k > 0) coarse.apply(B, C);
+    M.apply(B);
+    if (coarse.k > 0) B += C;
+  };
   std::function<void(double)> inner;
   if (jo.progress) inner = [&](double f) { jo.progress(0.1 + 0.9 * f); };
   const LobpcgOutcome lo =
@@ -233,16 +316,25 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   std::ostringstream note;
   note << "matfree: block " << std::min(jo.matfree.block, in.rows) << ", preconditioned by the "
        << in.WV.cols() << (M.mixed ? " mixed" : " (unmixed)") << " channel blocks of J J^T (" << N
-       << " x " << N << " each); " << lo.iterations << " iterations";
+       << " x " << N << " each)";
+  if (coarse.k > 0)
+    note << " and a coarse level on the " << coarse.k << " smallest eigenvectors of (PX)(PX)^T ("
+         << coarse.k * in.WV.cols() << " directions)";
+  else if (!coarse_why.empty())
+    note << " (no coarse level: " << coarse_why << ")";
+  note << "; " << lo.iterations << " iterations";
   if (c.compressed)
     note << " on the compressed inputs X = L V^T (L " << N << " x " << c.X.cols() << ")";
   if (auto d = run.decline_if_rank_level(lo.sigma, note.str())) return *d;
-  if (!lo.converged)
-    return run.decline(Info::NotConverging,
-                       note.str() + ": did not converge in " +
-                           std::to_string(jo.matfree.max_iterations) +
-                           " iterations (residual bound " + std::to_string(lo.eta) +
-                           "; raise matfree.max_iterations or matfree.block, or use method qr)");
+  if (!lo.converged) {
+    note << ": did not converge in " << jo.matfree.max_iterations << " iterations (residual bound "
+         << lo.eta << "; raise matfree.max_iterations or matfree.block, or use method qr)";
+    return run.decline(Info::NotConverging, note.str());
+  }
+  if (lo.at_eta_floor)
+    note << "; stopped where eta stopped falling (" << lo.eta
+         << ", above matfree.tol = " << jo.matfree.tol
+         << "): the rounding of the stored vector through J J^T";
   // The residual of the returned pair, recomputed from two fresh products: r = J J^T x - σ^2 x
   // with σ = ||J^T x||; some singular value is within η σ = ||r|| / σ of σ (lobpcg_sigma_min).
   Vec<double> y(J.cols()), r(in.rows);

@@ -136,6 +136,9 @@ struct JacobianKappaOptions {
   /// more iterations by default (block 4, 2000 iterations). A larger block takes fewer
   /// iterations but more products in all (ViT-B head: block 4, 187 iterations; block 16, 127).
   LobpcgOptions matfree{4, 2000, 1e-10, default_seed};
+  /// The matfree preconditioner's coarse level: the eigenvectors of S = (P X)(P X)^T for its
+  /// this many smallest eigenvalues, times every output channel (MATH.md §12); 0: none.
+  Index matfree_coarse = 16;
   /// The qr method (its rtol and progress are taken from this struct when kappa_jacobian calls
   /// it).
   QrKappaOptions qr;
@@ -155,6 +158,7 @@ struct JacobianKappaOptions {
     lanczos.check(fn);
     lobpcg.check(fn);
     matfree.check(fn);
+    if (matfree_coarse < 0) detail::fail(fn, "matfree_coarse must be >= 0");
     qr.check(fn);
   }
 };
