@@ -46,9 +46,10 @@ struct KappaArgs {
   bool quiet = false;
   std::string device = "cpu";
   std::int64_t max_iterations = 0;  ///< --max-iterations: matfree's LOBPCG limit (0: default)
+  std::int64_t coarse = 16;         ///< --coarse: modes of matfree's coarse level
   // which options were given on the command line
   bool scale_set = false, mask_set = false, method_set = false, tol_set = false,
-       max_iterations_set = false;
+       max_iterations_set = false, coarse_set = false;
 };
 
 /// Significant digits of the table's numbers.
@@ -77,6 +78,7 @@ void check_args(const KappaArgs& a) {
                         : a.mask_set           ? "--mask"
                         : a.tol_set            ? "--tol"
                         : a.max_iterations_set ? "--max-iterations"
+                        : a.coarse_set         ? "--coarse"
                                                : nullptr;
     if (extra != nullptr)
       throw BadInput(std::string(extra) + " applies to attention inputs (--x ...), not --matrix");
@@ -234,6 +236,7 @@ void run_attention(const KappaArgs& a) {
   jo.tol = a.tol;
   jo.rtol = a.rtol;
   if (a.max_iterations_set) jo.matfree.max_iterations = a.max_iterations;
+  jo.matfree_coarse = a.coarse;
   Progress bar("kappa(J)", !a.quiet);
   if (bar.enabled()) jo.progress = [&bar](double f) { bar.update(f); };
 
@@ -332,6 +335,10 @@ void register_kappa(CLI::App& app) {
                   "LOBPCG iterations allowed to the matfree method (default 2000; fewer make it "
                   "decline sooner, as when measuring the cost of an iteration)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  cmd->add_option("--coarse", args->coarse,
+                  "eigenvectors of (PX)(PX)^T in the matfree preconditioner's coarse level "
+                  "(default 16; 0: the channel blocks alone)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4096}));
   cmd->add_flag("--bound", args->bound, "add every term of Theorem 3.4 (MATH.md §5)");
   cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")
       ->check(CLI::IsMember({"table", "json"}));
@@ -345,6 +352,7 @@ void register_kappa(CLI::App& app) {
     args->method_set = cmd->count("--method") > 0;
     args->tol_set = cmd->count("--tol") > 0;
     args->max_iterations_set = cmd->count("--max-iterations") > 0;
+    args->coarse_set = cmd->count("--coarse") > 0;
     check_args(*args);
     if (args->matrix.empty())
       run_attention(*args);

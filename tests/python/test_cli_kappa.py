@@ -264,6 +264,15 @@ class CliKappaTest(unittest.TestCase):
         self.assertEqual(jc["info"], "not_converging")
         self.assertIn("; 2 iterations", jc["note"])  # LOBPCG's, after Lanczos for sigma_max
         self.expect_error(["kappa", *args, "--max-iterations", "0"], contains="--max-iterations")
+        # The coarse level: on by default (16 modes, capped at N), off with --coarse 0; both agree.
+        self.assertIn("coarse level on the 16 smallest eigenvectors", j["note"])
+        j0 = self.run_json("kappa", *args, "--method", "matfree", "--coarse", "0")
+        self.assertEqual(j0["info"], "success")
+        self.assertNotIn("coarse level", j0["note"])
+        self.assertLessEqual(rel(num(j0["sigma_min"]), s[-1]), 1e-8)
+        self.expect_error(["kappa", *args, "--coarse", "-1"], contains="--coarse")
+        self.expect_error(["kappa", "--matrix", paths["X"], "--coarse", "4"],
+                          contains="--coarse applies to attention inputs")
         self.expect_error(["kappa", "--matrix", paths["X"], "--max-iterations", "5"],
                           contains="--max-iterations applies to attention inputs")
 
