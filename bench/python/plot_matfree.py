@@ -5,7 +5,8 @@ against the context length N, on log-log axes, with the issue's goals marked.
     scripts/bench-matfree 128 256 512 1024 2048 | tee matfree.txt
     python bench/python/plot_matfree.py matfree.txt docs/matfree_scaling.png
 
-Needs matplotlib. Lines without a report ("no report") are skipped.
+Needs matplotlib. Lines without a report ("no report") are skipped; runs that declined (info
+other than success) are drawn as crosses, apart from the answered ones.
 """
 import re
 import sys
@@ -36,14 +37,18 @@ def main() -> int:
     if not rows:
         print(f"plot_matfree: no result lines in {sys.argv[1]}", file=sys.stderr)
         return 1
-    n = [r[0] for r in rows]
+    ok = [r for r in rows if r[3] == "success"]
+    bad = [r for r in rows if r[3] != "success"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
-    a.loglog(n, [r[1] for r in rows], "o-", base=2)
+    for ax, col in ((a, 1), (b, 2)):
+        ax.loglog([r[0] for r in ok], [r[col] for r in ok], "o-", base=2, label="answered")
+        if bad:
+            ax.scatter([r[0] for r in bad], [r[col] for r in bad], marker="x", color="black",
+                       label="declined (not converged)")
     a.scatter([1024, 2048], [120, 600], marker="_", s=300, color="red", label="goal")
     a.set_xlabel("context length N")
     a.set_ylabel("wall time (s)")
     a.legend()
-    b.loglog(n, [r[2] for r in rows], "o-", base=2)
     b.scatter([1024, 2048], [4, 8], marker="_", s=300, color="red", label="goal")
     b.set_xlabel("context length N")
     b.set_ylabel("peak RSS (GiB)")

@@ -1,9 +1,11 @@
 // spectral_cond: κ(J) of a wide J without ever forming or factoring an (N d_v)^2 matrix (MATH.md
 // §12, "The matrix-free method"): σ_max by Lanczos on J J^T, σ_min by LOBPCG on J J^T
 // preconditioned by the d_v blocks of J J^T over mixed output channels (N x N each, from the
-// structured form), every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed
-// to N columns where N < D. Memory O(d_v N^2 + N d_v D) instead of (N d_v)^2. Accuracy ε κ plus the
-// residual bound η, both earned from products with J, whatever the preconditioner's quality.
+// structured form) plus a coarse level on the smallest eigenvectors of (P X)(P X)^T times every
+// channel, every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed to N
+// columns where N < D. Memory O(d_v N^2 + N d_v D + (k d_v)^2 + k d_v D d_k) instead of
+// (N d_v)^2. Accuracy ε κ plus the residual bound η, both earned from products with J, whatever
+// the preconditioner's quality.
 #pragma once
 
 #include "spectral_cond/conditioning/methods/common.hpp"
@@ -280,7 +282,7 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   ChannelBlockPreconditioner M;
   CoarseCorrection coarse;
   std::string coarse_why;  // why there is no coarse level, where one was asked for
-  double lower = 0;  // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
+  double lower = 0;        // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
   {
     JacobianParts<double> jp;
     jp.compute(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts, JacobianBlock::All);
@@ -362,18 +364,21 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
 /// κ(J) of a wide J by the matrix-free method (top of this header; MATH.md §12): nothing of order
 /// (N d_v)^2 is formed, so it runs where gram, lobpcg and qr do not fit (a GPT-2 head at
 /// N = 1024 has a 34 GB Gram matrix). σ_max by Lanczos on J J^T; σ_min by LOBPCG on J J^T with
-/// the d_v blocks of J J^T over mixed channels as preconditioner (ChannelBlockPreconditioner),
+/// the d_v blocks of J J^T over mixed channels (ChannelBlockPreconditioner) plus the coarse level
+/// of JacobianKappaOptions::matfree_coarse modes (CoarseCorrection) as preconditioner,
 /// stopped on the unpreconditioned residual; for N < D on the compressed inputs (MatfreeInputs),
 /// whose J J^T is the same. At the end the residual of the Ritz pair is recomputed from two
 /// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2.
 /// Stated accuracy ε κ + η. Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration
 /// about `block` products with J^T (the rest carried, LobpcgProducts::Tracked), `block` with J, and
-/// d_v N^2 block solves per column. Like lobpcg, it finds the smallest singular value from a random
-/// block, not by a certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X)
-/// (MATH.md §5) is checked and given in the note. It answers (Info::Success) only when the
-/// iteration converges, σ_min is above the rank tolerance and the recomputed η is below 1/2;
-/// otherwise it says why and leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank
-/// level, Info::NotConverging, Info::Inaccurate when the answer contradicts the proven bound).
+/// d_v N^2 block solves per column. The iteration stops at matfree.tol, or where η stops falling
+/// above it (below 64 ε κ^2: the rounding of the stored vector; the note says so). Like lobpcg, it
+/// finds the smallest singular value from a random block, not by a certificate: where N <= D and P
+/// X has full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is checked and given in the note. It
+/// answers (Info::Success) only when the iteration converges, σ_min is above the rank tolerance and
+/// the recomputed η is below 1/2; otherwise it says why and leaves kappa NaN (Info::Singular for a
+/// tall J or a σ_min at rank level, Info::NotConverging, Info::Inaccurate when the answer
+/// contradicts the proven bound).
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_matfree(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                                const CRef<Scalar>& WK, const CRef<Scalar>& WV,
