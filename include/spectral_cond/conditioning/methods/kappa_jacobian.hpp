@@ -15,10 +15,11 @@
 //              about gram's cost. Answers only when the preconditioned iteration converges and
 //              σ_min is above the rank tolerance; otherwise (and for tall J, and when its stated
 //              accuracy exceeds max(tol, 100 ε κ)) kappa_jacobian takes qr.
-//   matfree    wide J: LOBPCG on J J^T preconditioned by I ⊗ (S + θ^2 I), S = (P X)(P X)^T, with
-//              nothing of order (N d_v)^2 formed: memory O(N d_v block + N^2), cost the products
-//              with J. Accuracy ε κ(J) plus the recomputed residual bound η. For context lengths
-//              where the Gram matrix does not fit.
+//   matfree    wide J: LOBPCG on J J^T preconditioned by its d_v channel blocks (mixed) plus a
+//              coarse level on the smallest eigenvectors of S = (P X)(P X)^T times every channel,
+//              with nothing of order (N d_v)^2 formed: memory O(d_v N^2 + N d_v D + (k d_v)^2),
+//              cost the products with J. Accuracy ε κ(J) plus the recomputed residual bound η.
+//              For context lengths where the Gram matrix does not fit.
 //   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
 //              triangular factor: backward stable, accuracy about ε κ(J).
 //   auto       dense when J is small; matfree when J is wide and a Gram matrix and its factor
