@@ -212,7 +212,8 @@ TEST_CASE("matfree: the method's name parses, and kappa_jacobian routes it") {
 // eigenvectors of S = (P X)(P X)^T for its k smallest eigenvalues. Its factor L gives
 // L L^T = E + the shift of 64 k d_v ε ||E|| (at most), so the two agree to a few hundred ε ||E||.
 TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the assembled J") {
-  auto p = make_problem<double>(10, 14, 4, 3, 91, MaskKind::Causal);
+  auto p =
+      make_problem<double>(10, 14, 10, 3, 91, MaskKind::Causal);  // d_k = 10: two chunks of columns
   detail::JacobianParts<double> jp;
   jp.compute(p.X, p.WQ, p.WK, p.WV, p.opts, JacobianBlock::All);
   const Mat<double> S = jp.PX * jp.PX.transpose();

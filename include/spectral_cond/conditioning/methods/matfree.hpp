@@ -184,20 +184,30 @@ struct CoarseCorrection {
       return false;
     }
     const Index n = kk * dv;
-    Mat<double> F(2 * r * dk, n), W(N, kk * dk), WQ(N, kk * dk);
-    for (Index a = 0; a < kk; ++a) WQ.middleCols(a * dk, dk) = U.col(a).asDiagonal() * jp.fwd.Q;
-    for (Index i = 0; i < dv; ++i) {
-      for (Index a = 0; a < kk; ++a)
-        W.middleCols(a * dk, dk) = U.col(a).asDiagonal() * jp.B.middleRows(i * N, N);
-      for (Index a = 0; a < kk; ++a) {
-        Eigen::Map<Mat<double>> q(F.col(a + kk * i).data(), r, dk);
-        q.noalias() = X.transpose() * W.middleCols(a * dk, dk);
-        Eigen::Map<Mat<double>> h(F.col(a + kk * i).data() + r * dk, r, dk);
-        h.noalias() = jp.E.middleRows(i * N, N).transpose() * WQ.middleCols(a * dk, dk);
-      }
-    }
+    // E = Σ_b F_b^T F_b over the query/key columns b, F_b (2 r x n) holding column b of the
+    // r x d_k matrices J_Q^T z and J_K^T z for every z = e_i ⊗ u_a (column a + k i): g columns
+    // b at a time, so nothing of order r d_k k d_v is held.
+    const Index g = std::min<Index>(8, dk);
+    Mat<double> F(2 * g * r, n), W(N, n), WQ(N, kk * g), T(r, kk * g);
     L = Mat<double>::Zero(n, n);
-    L.selfadjointView<Eigen::Lower>().rankUpdate(F.transpose());
+    for (Index b0 = 0; b0 < dk; b0 += g) {
+      const Index gb = std::min(g, dk - b0);
+      for (Index b = 0; b < gb; ++b) {
+        for (Index i = 0; i < dv; ++i)
+          W.middleCols(kk * i, kk) =
+              U.array().colwise() * jp.B.col(b0 + b).segment(i * N, N).array();
+        F.middleRows(b * r, r).noalias() = X.transpose() * W;
+        for (Index a = 0; a < kk; ++a)
+          WQ.col(a + kk * b) = U.col(a).cwiseProduct(jp.fwd.Q.col(b0 + b));
+      }
+      for (Index i = 0; i < dv; ++i) {
+        T.leftCols(kk * gb).noalias() =
+            jp.E.middleRows(i * N, N).transpose() * WQ.leftCols(kk * gb);
+        for (Index b = 0; b < gb; ++b)
+          F.block(gb * r + b * r, kk * i, r, kk) = T.middleCols(kk * b, kk);
+      }
+      L.selfadjointView<Eigen::Lower>().rankUpdate(F.topRows(2 * gb * r).transpose());
+    }
     const Vec<double> mu = U.transpose().cwiseProduct((S * U).transpose()).rowwise().sum();
     for (Index i = 0; i < dv; ++i) L.diagonal().segment(i * kk, kk) += mu;
     const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
