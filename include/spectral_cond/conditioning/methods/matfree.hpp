@@ -3,7 +3,7 @@
 // preconditioned by the d_v blocks of J J^T over mixed output channels (N x N each, from the
 // structured form) plus a coarse level on the smallest eigenvectors of (P X)(P X)^T times every
 // channel, every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed to N
-// columns where N < D. Memory O(d_v N^2 + N d_v D + (k d_v)^2 + k d_v D d_k) instead of
+// columns where N < D. Memory O(d_v N^2 + N d_v D + (k d_v)^2 + k d_v min(N, D)) instead of
 // (N d_v)^2. Accuracy ε κ plus the residual bound η, both earned from products with J, whatever
 // the preconditioner's quality.
 #pragma once
