@@ -246,6 +246,28 @@ TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the ass
   CHECK((C - ref).norm() <= 1e-10 * ref.norm());
 }
 
+// The coarse level's eigensolver (LAPACK ?syevr for the k smallest where built with LAPACKE)
+// against Eigen's full solver, on a PSD matrix with a cluster of small eigenvalues.
+TEST_CASE("smallest_eigenpairs: the k smallest eigenpairs, as the full eigensolver gives them") {
+  std::mt19937_64 rng(17);
+  const Mat<double> A = sc_test::randn<double>(40, 12, rng);
+  const Mat<double> G = A * A.transpose();  // rank 12: 28 eigenvalues at rounding level
+  Vec<double> values;
+  Mat<double> vectors;
+  REQUIRE(detail::smallest_eigenpairs(G, 31, values, vectors));
+  REQUIRE(values.size() == 31);
+  REQUIRE(vectors.cols() == 31);
+  const Eigen::SelfAdjointEigenSolver<Mat<double>> es(G);
+  const double tol = 1e3 * sc_test::eps<double>() * es.eigenvalues()(39);
+  CHECK((values - es.eigenvalues().head(31)).cwiseAbs().maxCoeff() <= tol);
+  CHECK((G * vectors - vectors * values.asDiagonal()).cwiseAbs().maxCoeff() <= tol);
+  CHECK((vectors.transpose() * vectors - Mat<double>::Identity(31, 31)).cwiseAbs().maxCoeff() <=
+        1e3 * sc_test::eps<double>());
+  CHECK(!detail::smallest_eigenpairs(G, 0, values, vectors));
+  CHECK(!detail::smallest_eigenpairs(G, 41, values, vectors));
+  CHECK(values.size() == 0);
+}
+
 // The regime of a GPT-2-sized head with LayerNorm'd tokens and small weights (MATH.md §12): the
 // smallest singular vectors lie on the near-null modes of the causal average P X, which the
 // channel blocks alone miss. With the coarse level matfree answers within its stated accuracy

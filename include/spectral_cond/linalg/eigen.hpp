@@ -97,12 +97,15 @@ std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& a
   return {};
 }
 
-/// The eigenvectors of the symmetric `G` for its k smallest eigenvalues (1 <= k <= n), into the
-/// n x k `vectors`, in ascending order of the eigenvalues: LAPACK ?syevr for that range only
-/// (where the build has LAPACKE), else Eigen's SelfAdjointEigenSolver. False where the solver
-/// reports a failure or a vector is not finite (then `vectors` is left empty).
-inline bool smallest_eigenvectors(const Mat<double>& G, Index k, Mat<double>& vectors) {
+/// The k smallest eigenvalues of the symmetric `G` (1 <= k <= n), ascending, into `values`, and
+/// their eigenvectors into the n x k `vectors` (the coarse level of the matfree method, MATH.md
+/// §12): LAPACK ?syevr for that range only (where the build has LAPACKE), else Eigen's
+/// SelfAdjointEigenSolver. False where the solver reports a failure or a result is not finite
+/// (then both are left empty).
+inline bool smallest_eigenpairs(const Mat<double>& G, Index k, Vec<double>& values,
+                                Mat<double>& vectors) {
   const Index n = G.rows();
+  values.resize(0);
   vectors.resize(0, 0);
   if (k < 1 || k > n) return false;
 #ifdef SPECTRAL_COND_HAVE_LAPACKE
@@ -111,18 +114,22 @@ inline bool smallest_eigenvectors(const Mat<double>& G, Index k, Mat<double>& ve
     Vec<double> w(n);
     std::vector<lapack_int> support(static_cast<std::size_t>(2 * k));
     lapack_int found = 0;
-    const lapack_int rc = LAPACKE_dsyevr(
-        LAPACK_COL_MAJOR, 'V', 'I', 'L', static_cast<lapack_int>(n), A.data(),
-        static_cast<lapack_int>(n), 0.0, 0.0, 1, static_cast<lapack_int>(k), 0.0, &found, w.data(),
-        Z.data(), static_cast<lapack_int>(n), support.data());
-    if (rc == 0 && found == k && Z.allFinite()) {
+    const lapack_int rc =
+        LAPACKE_dsyevr(LAPACK_COL_MAJOR, 'V', 'I', 'L', static_cast<lapack_int>(n), A.data(),
+                       static_cast<lapack_int>(n), 0.0, 0.0, 1, static_cast<lapack_int>(k), 0.0,
+                       &found, w.data(), Z.data(), static_cast<lapack_int>(n), support.data());
+    if (rc == 0 && found == k && Z.allFinite() && w.head(k).allFinite()) {
+      values = w.head(k);
       vectors = std::move(Z);
       return true;
     }
   }
 #endif
   const Eigen::SelfAdjointEigenSolver<Mat<double>> es(G);
-  if (es.info() != Eigen::Success || !es.eigenvectors().allFinite()) return false;
+  if (es.info() != Eigen::Success || !es.eigenvectors().allFinite() ||
+      !es.eigenvalues().allFinite())
+    return false;
+  values = es.eigenvalues().head(k);
   vectors = es.eigenvectors().leftCols(k);
   return true;
 }

@@ -179,7 +179,8 @@ struct CoarseCorrection {
       why = "none with RoPE, whose key term has no structured form";
       return false;
     }
-    if (!smallest_eigenvectors(S, kk, U)) {
+    Vec<double> mu;
+    if (!smallest_eigenpairs(S, kk, mu, U)) {
       why = "the eigenvectors of (PX)(PX)^T were not computed";
       return false;
     }
@@ -208,7 +209,6 @@ struct CoarseCorrection {
       }
       L.selfadjointView<Eigen::Lower>().rankUpdate(F.topRows(2 * gb * r).transpose());
     }
-    const Vec<double> mu = U.transpose().cwiseProduct((S * U).transpose()).rowwise().sum();
     for (Index i = 0; i < dv; ++i) L.diagonal().segment(i * kk, kk) += mu;
     const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
                          std::max(L.diagonal().maxCoeff(), std::numeric_limits<double>::min());
@@ -305,7 +305,6 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
     // Clear of S's rounding, about N ε λ_max(S), σ_N(P X) bounds σ_min(J) from below.
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
-    why.clear();
     coarse.build(jp, c.x(in), S, jo.matfree_coarse, !jp.fwd.rope.active, coarse_why);
     why.clear();
     if (!M.build(jp, c.x(in), S, !jp.fwd.rope.active, why))
