@@ -207,6 +207,44 @@ TEST_CASE("matfree: the method's name parses, and kappa_jacobian routes it") {
   CHECK(r.method == "matfree");
 }
 
+// Temple's bound (linalg/lobpcg.hpp, MATH.md §12) on a matrix of known spectrum: it holds for any
+// unit x whose Rayleigh quotient lies below the second eigenvalue, and it is an equality for x in
+// the span of the two smallest eigenvectors (then ρ - λ_1 = ||r||^2 / (λ_2 - ρ) exactly).
+TEST_CASE("temple_bound: Temple's inequality against a matrix of known spectrum") {
+  std::mt19937_64 rng(5);
+  const Index n = 30;
+  const Eigen::HouseholderQR<Mat<double>> qr(sc_test::randn<double>(n, n, rng));
+  const Mat<double> Q = qr.householderQ();
+  Vec<double> lam(n);
+  for (Index i = 0; i < n; ++i) lam(i) = 1.0 + 0.5 * static_cast<double>(i);
+  const Mat<double> A = Q * lam.asDiagonal() * Q.transpose();
+  auto bound = [&](Vec<double> x, double& rel_error) {  // rel. error of sqrt(ρ) against sqrt(λ_1)
+    x /= x.norm();
+    const double rho = x.dot(A * x);
+    rel_error = 1 - std::sqrt(lam(0) / rho);
+    return detail::temple_bound(rho, (A * x - rho * x).norm(), lam(1), 0, 0);
+  };
+  double err = 0;
+  for (const double s : {1e-2, 1e-4, 1e-6}) {  // x = u_1 + s u_2: the bound is exact
+    const double b = bound(Q.col(0) + s * Q.col(1), err);
+    INFO("s = " << s << ": bound " << b << ", error " << err);
+    CHECK(std::abs(b - err) <= 1e-8 * err + 1e3 * sc_test::eps<double>());
+  }
+  for (const double s : {1e-2, 1e-3, 1e-5}) {  // any direction: an upper bound
+    const Vec<double> x = Q.col(0) + s * sc_test::randn<double>(n, 1, rng);
+    const double b = bound(x, err);
+    INFO("s = " << s << ": bound " << b << ", error " << err);
+    CHECK(err <= b * (1 + 1e-8) + 1e3 * sc_test::eps<double>());
+    CHECK(b <= 1e3 * err);  // and quadratic in the residual, like the error itself
+  }
+  // No gap seen (the second value not above ρ) or a residual too large: no bound.
+  CHECK(std::isinf(detail::temple_bound(1.0, 1e-3, 1.0, 0, 0)));
+  CHECK(std::isinf(detail::temple_bound(1.0, 1e-3, 2.0, 1.5, 0)));
+  CHECK(std::isinf(detail::temple_bound(1.0, 2.0, 2.0, 0, 0)));
+  // The rounding allowance enters both residuals.
+  CHECK(detail::temple_bound(1.0, 1e-4, 2.0, 0, 1e-4) > detail::temple_bound(1.0, 1e-4, 2.0, 0, 0));
+}
+
 // The coarse level's Galerkin matrix E = Z^T J J^T Z, from the structured form with no product
 // by J (MATH.md §12), against the same product of the assembled J: Z = I_{d_v} ⊗ U_k, U_k the
 // eigenvectors of S = (P X)(P X)^T for its k smallest eigenvalues. Its factor L gives

@@ -53,11 +53,31 @@ enum class LobpcgProducts {
   Tracked,
 };
 
+/// Temple's bound on the relative error of σ = sqrt(ρ) as an approximation of σ_min (MATH.md
+/// §12): for a unit x with Rayleigh quotient ρ = ||J^T x||^2 and residual norm r1 =
+/// ||J J^T x - ρ x||, if J J^T has exactly one eigenvalue below a > ρ, that eigenvalue λ_1
+/// satisfies ρ - r1^2 / (a - ρ) <= λ_1 <= ρ. Here a = θ_2 - r2, with θ_2 the second Ritz value and
+/// r2 its residual norm (an eigenvalue lies within r2 of θ_2), so the hypothesis is that no
+/// eigenvalue lies between λ_1 and that one: the iteration found the bottom of the spectrum.
+/// `round` (about ε σ_1^2, the rounding of a computed J J^T x) is added to both residuals. With
+/// t = r1^2 / (ρ (a - ρ)), sqrt(λ_1) >= σ sqrt(1 - t), a relative error of at most
+/// t / (1 + sqrt(1 - t)). +inf where a <= ρ (no gap seen) or t >= 1.
+inline double temple_bound(double rho, double r1, double theta2, double r2, double round) {
+  const double a = theta2 - r2 - round, e = r1 + round;
+  if (!(rho > 0 && a > rho && std::isfinite(a) && std::isfinite(e)))
+    return std::numeric_limits<double>::infinity();
+  const double t = e * e / (rho * (a - rho));
+  return t < 1 ? t / (1 + std::sqrt(1 - t)) : std::numeric_limits<double>::infinity();
+}
+
 struct LobpcgOutcome {
   double sigma = std::numeric_limits<double>::quiet_NaN();  ///< smallest Ritz value of J^T
   double rho = std::numeric_limits<double>::infinity();     ///< ||M^{-1} r|| (see below)
   double eta = std::numeric_limits<double>::infinity();     ///< ||r|| / σ^2 (see below)
-  Vec<double> x;                                            ///< its unit Ritz vector
+  /// Temple's bound (temple_bound) from the two smallest Ritz pairs, with stop Residual
+  double temple = std::numeric_limits<double>::infinity();
+  Vec<double> x;   ///< its unit Ritz vector
+  Vec<double> x2;  ///< the second Ritz vector (empty for a block of 1)
   Index iterations = 0;
   Index fresh_steps = 0;  ///< Rayleigh-Ritz steps that took 3 b fresh products
   bool converged = false;
@@ -87,7 +107,9 @@ struct LobpcgOutcome {
 /// With any other M (stop = LobpcgStop::Residual) ρ bounds nothing, and the test is on
 /// η = ||r|| / σ^2 for the unpreconditioned residual r = J J^T x - σ^2 x of the unit Ritz vector
 /// x: some eigenvalue λ of J J^T has |λ - σ^2| <= ||r||, so some singular value σ_i of J has
-/// |σ_i - σ| <= ||r|| / (σ_i + σ) <= η σ (MATH.md §12). The same floor applies to η.
+/// |σ_i - σ| <= ||r|| / (σ_i + σ) <= η σ (MATH.md §12). The same floor applies to η. The test
+/// there is on min(η, Temple's bound from the two smallest Ritz pairs, temple_bound), which is
+/// quadratic in ||r|| and so reaches tol long before η does, and below η's rounding floor.
 /// A Ritz value bounds σ_min from above (Courant-Fischer), so once it is at or below
 /// `stop_below` (a rank tolerance) the iteration stops unconverged: σ_min is that small too.
 template <typename Products, typename Precondition>
@@ -147,12 +169,15 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
     for (Index j = 0; j < sig.size(); ++j) J.apply(Y.col(j).data(), R.col(j).data());
     for (Index j = 0; j < sig.size(); ++j) R.col(j) -= (sig(j) * sig(j)) * X.col(j);
     out.eta = R.col(0).norm() / (sig(0) * sig(0));
+    if (stop == LobpcgStop::Residual && sig.size() > 1)
+      out.temple = temple_bound(sig(0) * sig(0), R.col(0).norm(), sig(1) * sig(1), R.col(1).norm(),
+                                eps * sigma_max * sigma_max);
     precondition(R);  // W
     const double previous = out.sigma;
     out.sigma = sig(0);
     out.rho = R.col(0).norm();
     out.iterations = it;
-    const double measure = stop == LobpcgStop::Residual ? out.eta : out.rho;
+    const double measure = stop == LobpcgStop::Residual ? std::min(out.eta, out.temple) : out.rho;
     const double floor = 16 * eps * sigma_max / sig(0);
     // η's own floor (the rounding of the stored x through J J^T, up to ε κ^2): reached once η is
     // below 64 ε κ^2 and has not halved in the last 64 iterations.
@@ -168,10 +193,12 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
       out.converged = true;
       out.at_eta_floor = eta_floor && measure > lo.tol;
       out.x = X.col(0);
+      if (X.cols() > 1) out.x2 = X.col(1);
       return out;
     }
     if (it >= lo.max_iterations || !std::isfinite(measure) || out.sigma <= stop_below) {
       out.x = X.col(0);
+      if (X.cols() > 1) out.x2 = X.col(1);
       return out;
     }
     if (progress) {

@@ -4,8 +4,8 @@
 // structured form) plus a coarse level on the smallest eigenvectors of (P X)(P X)^T times every
 // channel, every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed to N
 // columns where N < D. Memory O(d_v N^2 + N d_v D + (k d_v)^2 + k d_v min(N, D)) instead of
-// (N d_v)^2. Accuracy ε κ plus the residual bound η, both earned from products with J, whatever
-// the preconditioner's quality.
+// (N d_v)^2. Accuracy ε κ plus the residual bound η or Temple's bound, earned from products with
+// J, whatever the preconditioner's quality.
 #pragma once
 
 #include "spectral_cond/conditioning/methods/common.hpp"
@@ -348,15 +348,34 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
          << "): the rounding of the stored vector through J J^T";
   // The residual of the returned pair, recomputed from two fresh products: r = J J^T x - σ^2 x
   // with σ = ||J^T x||; some singular value is within η σ = ||r|| / σ of σ (lobpcg_sigma_min).
-  Vec<double> y(J.cols()), r(in.rows);
-  J.apply_transpose(lo.x.data(), y.data());
-  const double sigma = y.norm();
-  J.apply(y.data(), r.data());
-  r -= (sigma * sigma) * lo.x;
-  const double eta = r.norm() / (sigma * sigma);
+  // The same for the second Ritz vector gives Temple's bound (temple_bound), quadratic in ||r||.
+  const double round = eps * run.res.sigma_max * run.res.sigma_max;
+  auto fresh = [&J, &in](Vec<double> x, double& sigma) {  // ||J J^T x - σ^2 x||, x unit
+    x /= x.norm();
+    Vec<double> y(J.cols()), r(in.rows);
+    J.apply_transpose(x.data(), y.data());
+    sigma = y.norm();
+    J.apply(y.data(), r.data());
+    r -= (sigma * sigma) * x;
+    return r.norm();
+  };
+  double sigma = 0, sigma2 = 0;
+  const double r1 = fresh(lo.x, sigma);
+  const double eta = r1 / (sigma * sigma);
+  double temple = std::numeric_limits<double>::infinity();
+  if (lo.x2.size() == lo.x.size()) {
+    const double r2 = fresh(lo.x2, sigma2);
+    temple = temple_bound(sigma * sigma, r1, sigma2 * sigma2, r2, round);
+  }
   run.res.residual = eta;
   note << ", residual bound eta = ||J J^T x - sigma^2 x|| / sigma^2 = " << eta;
-  if (lower > 0) note << "; sigma_min >= sigma_N(PX) = " << lower << " (proven, MATH.md 5)";
+  if (std::isfinite(temple))
+    note << "; Temple's bound " << temple << " from the gap to the second Ritz value ("
+         << sigma2 / sigma << " sigma_min; the bound assumes no singular value of J between the "
+         << "two, i.e. that the iteration found the bottom of the spectrum)";
+  // Ratios: the method may run on rescaled inputs (kappa_jacobian), whose σ's are scaled alike.
+  if (lower > 0)
+    note << "; sigma_min >= sigma_N(PX) = " << lower / sigma << " sigma_min (proven, MATH.md 5)";
   if (lower > sigma * (1 + eta + 64 * eps))
     return run.decline(Info::Inaccurate,
                        note.str() +
@@ -365,7 +384,8 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   if (!(eta < 0.5))
     return run.decline(Info::NotConverging,
                        note.str() + ": the recomputed residual bound leaves no correct digit");
-  return run.answer(sigma, eps * (run.res.sigma_max / sigma) + eta, in.rows, in.cols, note.str());
+  return run.answer(sigma, eps * (run.res.sigma_max / sigma) + std::min(eta, temple), in.rows,
+                    in.cols, note.str());
 }
 
 }  // namespace detail
@@ -377,8 +397,10 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
 /// of JacobianKappaOptions::matfree_coarse modes (CoarseCorrection) as preconditioner,
 /// stopped on the unpreconditioned residual; for N < D on the compressed inputs (MatfreeInputs),
 /// whose J J^T is the same. At the end the residual of the Ritz pair is recomputed from two
-/// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2.
-/// Stated accuracy ε κ + η. Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration
+/// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2;
+/// and from the second Ritz pair, Temple's bound (temple_bound), quadratic in the residual, which
+/// assumes no singular value lies between the two smallest found (the note says so). Stated
+/// accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration
 /// about `block` products with J^T (the rest carried, LobpcgProducts::Tracked), `block` with J, and
 /// d_v N^2 block solves per column. The iteration stops at matfree.tol, or where η stops falling
 /// above it (below 64 ε κ^2: the rounding of the stored vector; the note says so). Like lobpcg, it
