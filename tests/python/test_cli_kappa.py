@@ -254,6 +254,9 @@ class CliKappaTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         s = np.linalg.svd(np.load(jpath), compute_uv=False)
         self.assertLessEqual(rel(num(j["sigma_min"]), s[-1]), 1e-8)
+        # The stated accuracy is a bound the answer meets (Temple's, where the note names it).
+        self.assertLessEqual(rel(num(j["sigma_min"]), s[-1]), 20 * num(j["accuracy"]))
+        self.assertIn("Temple's bound", j["note"])
         self.assertGreater(j["iterations"], 3)  # else the cap below would not bite
         # Capped below what it needs: it declines (exit 3), and says so in the report.
         r = self.run_cli("kappa", *args, "--method", "matfree", "--max-iterations", "2",
