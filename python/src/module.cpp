@@ -2,6 +2,7 @@
 // corrections (§6–7). The attention family is in attention.cpp. Every function returns plain
 // Python values; spectral_cond/__init__.py wraps them in result objects.
 #include "binding.hpp"
+#include "blas_threads.hpp"  // apps/spectral-cond: the tool's pin of OpenBLAS to one thread
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -326,6 +327,8 @@ NB_MODULE(_core, m) {
   using namespace spectral_cond::python;
   namespace sc = spectral_cond;
   m.doc() = "spectral_cond's C++ library (MATH.md); use the spectral_cond package, not this module";
+  // One BLAS thread (or SPECTRAL_COND_BLAS_THREADS), as in the tool: the same reports as its.
+  spectral_cond::cli::pin_blas_to_one_thread();
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
