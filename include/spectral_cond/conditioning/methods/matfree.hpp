@@ -400,16 +400,16 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
 /// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2;
 /// and from the second Ritz pair, Temple's bound (temple_bound), quadratic in the residual, which
 /// assumes no singular value lies between the two smallest found (the note says so). Stated
-/// accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then per iteration
-/// about `block` products with J^T (the rest carried, LobpcgProducts::Tracked), `block` with J, and
-/// d_v N^2 block solves per column. The iteration stops at matfree.tol, or where η stops falling
-/// above it (below 64 ε κ^2: the rounding of the stored vector; the note says so). Like lobpcg, it
-/// finds the smallest singular value from a random block, not by a certificate: where N <= D and P
-/// X has full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is checked and given in the note. It
-/// answers (Info::Success) only when the iteration converges, σ_min is above the rank tolerance and
-/// the recomputed η is below 1/2; otherwise it says why and leaves kappa NaN (Info::Singular for a
-/// tall J or a σ_min at rank level, Info::NotConverging, Info::Inaccurate when the answer
-/// contradicts the proven bound).
+/// accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then
+/// per iteration about `block` products with J^T (the rest carried, LobpcgProducts::Tracked),
+/// `block` with J, and d_v N^2 block solves per column. The iteration stops at matfree.tol, or
+/// where η stops falling above it (below 64 ε κ^2: the rounding of the stored vector; the note says
+/// so). Like lobpcg, it finds the smallest singular value from a random block, not by a
+/// certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is
+/// checked and given in the note. It answers (Info::Success) only when the iteration converges,
+/// σ_min is above the rank tolerance and the recomputed η is below 1/2; otherwise it says why and
+/// leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank level, Info::NotConverging,
+/// Info::Inaccurate when the answer contradicts the proven bound).
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_matfree(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                                const CRef<Scalar>& WK, const CRef<Scalar>& WV,
