@@ -86,8 +86,7 @@ TEST_CASE("matfree agrees with the dense SVD of J across shapes, masks, tokens a
             p.WK += lambda * E;
           }
           JacobianKappaOptions jo;
-          jo.matfree.max_iterations =
-              1600;  // 6400 products at block 4: where too weak, decline soon
+          jo.matfree.max_iterations = 1600;  // where too weak, decline soon
           const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
           const auto d = dense_reference(p);
           check_honest(m, d, t);
@@ -247,8 +246,8 @@ TEST_CASE("temple_bound: Temple's inequality against a matrix of known spectrum"
 
 // The coarse level's Galerkin matrix E = Z^T J J^T Z, from the structured form with no product
 // by J (MATH.md §12), against the same product of the assembled J: Z = I_{d_v} ⊗ U_k, U_k the
-// eigenvectors of S = (P X)(P X)^T for its k smallest eigenvalues. Its factor L gives
-// L L^T = E + the shift of 64 k d_v ε ||E|| (at most), so the two agree to a few hundred ε ||E||.
+// eigenvectors of S = (P X)(P X)^T for its k smallest eigenvalues. It keeps (E + a shift of at most
+// 64 k d_v ε ||E||)^{-1}.
 TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the assembled J") {
   auto p =
       make_problem<double>(10, 14, 10, 3, 91, MaskKind::Causal);  // d_k = 10: two chunks of columns
@@ -267,11 +266,15 @@ TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the ass
       Z.col(a + coarse.k * i).segment(i * N, N) = coarse.U.col(a);
   const Mat<double> JtZ = J.transpose() * Z;
   const Mat<double> E = JtZ.transpose() * JtZ;
-  const Mat<double> Lo = coarse.L.triangularView<Eigen::Lower>();
-  const Mat<double> LLt = Lo * Lo.transpose();
-  const double err = (LLt - E).cwiseAbs().maxCoeff() / E.cwiseAbs().maxCoeff();
-  INFO("max |L L^T - Z^T J J^T Z| / max |E| = " << err);
-  CHECK(err < 200 * static_cast<double>(n) * sc_test::eps<double>());
+  // Its inverse, kept in place of E: E^{-1} E = I up to the shift and the inversion's rounding,
+  // both relative to ||E||, so a few hundred n ε κ(E).
+  REQUIRE(coarse.Einv.rows() == n);
+  const Eigen::SelfAdjointEigenSolver<Mat<double>> ee(E);
+  const double kappa_e = ee.eigenvalues()(n - 1) / ee.eigenvalues()(0);
+  CHECK((coarse.Einv - coarse.Einv.transpose()).norm() == 0);
+  const double err = (coarse.Einv * E - Mat<double>::Identity(n, n)).norm();
+  INFO("||E^{-1} Z^T J J^T Z - I|| = " << err << ", kappa(E) = " << kappa_e);
+  CHECK(err < 200 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e);
   // The k columns of U_k are S's eigenvectors for its smallest eigenvalues.
   const Eigen::SelfAdjointEigenSolver<Mat<double>> es(S);
   for (Index a = 0; a < coarse.k; ++a)
@@ -280,8 +283,40 @@ TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the ass
   // Applied to a block, it is Z E^{-1} Z^T.
   Mat<double> B = Mat<double>::Random(N * dv, 2), C;
   coarse.apply(B, C);
-  const Mat<double> ref = Z * LLt.ldlt().solve(Z.transpose() * B);
-  CHECK((C - ref).norm() <= 1e-10 * ref.norm());
+  const Mat<double> ref = Z * E.ldlt().solve(Z.transpose() * B);
+  CHECK((C - ref).norm() <=
+        1e3 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e * ref.norm());
+}
+
+// The preconditioners keep inverses (inverse_from_cholesky) and apply them to a few columns in one
+// pass over the matrix (multiply_columns): against Eigen's LDL^T solve and its ordinary product.
+TEST_CASE("inverse_from_cholesky and multiply_columns against Eigen's solve and product") {
+  std::mt19937_64 rng(23);
+  const Index n = 37;
+  const Mat<double> A = sc_test::randn<double>(n, n, rng);
+  Mat<double> G = A * A.transpose() + 1e-3 * Mat<double>::Identity(n, n);
+  const Mat<double> G0 = G;
+  const Eigen::SelfAdjointEigenSolver<Mat<double>> es(G0);
+  const double kappa = es.eigenvalues()(n - 1) / es.eigenvalues()(0);
+  REQUIRE(detail::cholesky_in_place(G));
+  REQUIRE(detail::inverse_from_cholesky(G));
+  CHECK((G - G.transpose()).norm() == 0);
+  const Mat<double> ref = G0.ldlt().solve(Mat<double>::Identity(n, n));
+  INFO("kappa(G) = " << kappa);
+  CHECK((G - ref).norm() <=
+        100 * static_cast<double>(n) * sc_test::eps<double>() * kappa * ref.norm());
+  for (Index c : {1, 2, 4, 8, 9}) {
+    const Mat<double> B = sc_test::randn<double>(n, c, rng);
+    Mat<double> Y(n, c);
+    detail::multiply_columns(G0, B, Y);
+    const Mat<double> prod = G0 * B;
+    CHECK((Y - prod).norm() <=
+          10 * static_cast<double>(n) * sc_test::eps<double>() * G0.norm() * B.norm());
+  }
+  // A matrix that is not positive definite is refused at the factorisation.
+  Mat<double> bad = G0;
+  bad(0, 0) = -1;
+  CHECK_FALSE(detail::cholesky_in_place(bad));
 }
 
 // The coarse level's eigensolver (LAPACK ?syevr for the k smallest where built with LAPACKE)

@@ -61,5 +61,42 @@ inline void lower_solve(const Mat<double>& L, Mat<double>& B, bool transpose) {
 #endif
 }
 
+/// G^{-1} = L^{-T} L^{-1} in place, both triangles, from the factor L of cholesky_in_place
+/// (LAPACK's potri with LAPACKE, else one triangular solve and a symmetric rank update). For
+/// preconditioners applied to a few columns at a time: one pass over G^{-1} (multiply_columns)
+/// instead of two triangular solves, which BLAS's trsm packs afresh on every call. False when L
+/// has a zero on its diagonal or the inverse is not finite.
+template <typename = void>
+inline bool inverse_from_cholesky(Mat<double>& G) {
+  const Index n = G.rows();
+#ifdef SPECTRAL_COND_HAVE_LAPACKE
+  if (LAPACKE_dpotri(LAPACK_COL_MAJOR, 'L', static_cast<lapack_int>(n), G.data(),
+                     static_cast<lapack_int>(n)) != 0)
+    return false;
+#else
+  Mat<double> Li = Mat<double>::Identity(n, n);
+  G.triangularView<Eigen::Lower>().solveInPlace(Li);
+  G.setZero();
+  G.selfadjointView<Eigen::Lower>().rankUpdate(Li.transpose());
+#endif
+  G.triangularView<Eigen::StrictlyUpper>() = G.transpose();
+  return G.allFinite();
+}
+
+/// Y = A B for a square A and a B of few columns, reading A once: A's columns are taken in turn
+/// and each adds its multiples to the columns of Y (a rank-1 update), with no packing of A (which
+/// BLAS's gemm does on every call and which costs as much as the product when B has 1 to 8
+/// columns). More columns go to the ordinary product.
+template <typename Lhs, typename Rhs, typename Dst>
+inline void multiply_columns(const Lhs& A, const Rhs& B, Dst&& Y) {
+  if (B.cols() > 8) {
+    Y.noalias() = A * B;
+    return;
+  }
+  Y.setZero();
+  for (Index k = 0; k < A.cols(); ++k)
+    for (Index c = 0; c < B.cols(); ++c) Y.col(c) += B(k, c) * A.col(k);
+}
+
 }  // namespace detail
 }  // namespace spectral_cond

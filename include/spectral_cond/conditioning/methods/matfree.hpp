@@ -32,10 +32,11 @@ namespace detail {
 /// columns scaled to unit length (block-Jacobi does not depend on the columns' scale). Each block
 /// G~_jj = (X X^T) ∘ (𝔅~_j 𝔅~_j^T) + (Q Q^T) ∘ (𝔈~_j 𝔈~_j^T) + S ((R^T R)_jj = 1), 𝔅~ and 𝔈~ the
 /// channel mixtures of 𝔅 and 𝔈 and S = (P X)(P X)^T, is factored once (Cholesky, after a shift
-/// of 64 N ε ||G~_jj|| that keeps it definite).
+/// of 64 N ε ||G~_jj|| that keeps it definite) and its inverse kept: applied to the few columns of
+/// a LOBPCG block, one pass over G~_jj^{-1} costs less than two triangular solves.
 struct ChannelBlockPreconditioner {
-  std::vector<Mat<double>> L;  ///< Cholesky factors, one per mixed channel
-  Mat<double> R;               ///< the channel mixing, d_v x d_v, unit columns
+  std::vector<Mat<double>> Ginv;  ///< the blocks' inverses, one per mixed channel
+  Mat<double> R;                  ///< the channel mixing, d_v x d_v, unit columns
   Index N = 0;
   bool mixed = false;  ///< R from the couplings' eigenvectors; false: R = I
 
@@ -108,10 +109,10 @@ struct ChannelBlockPreconditioner {
     if (with_keys) mix_channels(jp.E, N, R);
     const Mat<double> XX = X * X.transpose();
     const Mat<double> QQ = jp.fwd.Q * jp.fwd.Q.transpose();
-    L.assign(static_cast<std::size_t>(dv), Mat<double>());
+    Ginv.assign(static_cast<std::size_t>(dv), Mat<double>());
     Mat<double> T(N, N);
     for (Index j = 0; j < dv; ++j) {
-      Mat<double>& G = L[static_cast<std::size_t>(j)];
+      Mat<double>& G = Ginv[static_cast<std::size_t>(j)];
       G = S;  // (R^T R)_jj S, and R's columns are unit
       T.noalias() = jp.B.middleRows(j * N, N) * jp.B.middleRows(j * N, N).transpose();
       G += XX.cwiseProduct(T);
@@ -122,7 +123,7 @@ struct ChannelBlockPreconditioner {
       const double shift = 64.0 * static_cast<double>(N) * ScalarTraits<double>::eps() *
                            std::max(G.diagonal().maxCoeff(), std::numeric_limits<double>::min());
       G.diagonal().array() += shift;
-      if (!cholesky_in_place(G)) {
+      if (!cholesky_in_place(G) || !inverse_from_cholesky(G)) {
         why = "the block of mixed channel " + std::to_string(j) +
               " is not positive definite at working precision";
         return false;
@@ -131,8 +132,8 @@ struct ChannelBlockPreconditioner {
     return true;
   }
 
-  /// B := M^{-1} B: each column mixed (x R), the columns of one mixed channel solved together
-  /// (two blocked triangular solves with the block's factor), and mixed back (x R^T).
+  /// B := M^{-1} B: each column mixed (x R), the columns of one mixed channel multiplied together
+  /// by the block's inverse (multiply_columns), and mixed back (x R^T).
   void apply(Mat<double>& B) const {
     const Index dv = R.rows(), nc = B.cols();
     Mat<double> t(N, dv), T(N, dv * nc);
@@ -140,11 +141,10 @@ struct ChannelBlockPreconditioner {
       t.noalias() = Eigen::Map<const Mat<double>>(B.col(c).data(), N, dv) * R;
       for (Index j = 0; j < dv; ++j) T.col(j * nc + c) = t.col(j);
     }
+    Mat<double> Y(N, nc);
     for (Index j = 0; j < dv; ++j) {
-      const Mat<double>& Lj = L[static_cast<std::size_t>(j)];
-      auto cols = T.middleCols(j * nc, nc);
-      Lj.triangularView<Eigen::Lower>().solveInPlace(cols);
-      Lj.triangularView<Eigen::Lower>().transpose().solveInPlace(cols);
+      multiply_columns(Ginv[static_cast<std::size_t>(j)], T.middleCols(j * nc, nc), Y);
+      T.middleCols(j * nc, nc) = Y;
     }
     for (Index c = 0; c < nc; ++c) {
       for (Index j = 0; j < dv; ++j) t.col(j) = T.col(j * nc + c);
@@ -162,8 +162,8 @@ struct ChannelBlockPreconditioner {
 /// i), and Z^T (I ⊗ S) Z = diag(μ_a). It is added to the channel blocks' inverse (an additive
 /// two-level preconditioner): M^{-1} = M_1^{-1} + Z E^{-1} Z^T.
 struct CoarseCorrection {
-  Mat<double> U;  ///< U_k, N x k
-  Mat<double> L;  ///< Cholesky factor of E, index a + k i
+  Mat<double> U;     ///< U_k, N x k
+  Mat<double> Einv;  ///< E^{-1} (E shifted, below), index a + k i
   Index k = 0;
 
   /// Builds E from the unmixed 𝔅 and 𝔈 of jp (𝔈 absent: with_keys false, no coarse level, as
@@ -190,6 +190,7 @@ struct CoarseCorrection {
     // b at a time, so nothing of order r d_k k d_v is held.
     const Index g = std::min<Index>(8, dk);
     Mat<double> F(2 * g * r, n), W(N, n), WQ(N, kk * g), T(r, kk * g);
+    Mat<double>& L = Einv;  // E, then its factor, then its inverse
     L = Mat<double>::Zero(n, n);
     for (Index b0 = 0; b0 < dk; b0 += g) {
       const Index gb = std::min(g, dk - b0);
@@ -213,7 +214,7 @@ struct CoarseCorrection {
     const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
                          std::max(L.diagonal().maxCoeff(), std::numeric_limits<double>::min());
     L.diagonal().array() += shift;
-    if (!cholesky_in_place(L)) {
+    if (!cholesky_in_place(L) || !inverse_from_cholesky(L)) {
       why = "its Galerkin matrix is not positive definite at working precision";
       return false;
     }
@@ -224,12 +225,12 @@ struct CoarseCorrection {
   /// Z E^{-1} Z^T B, for the columns of B as N x d_v matrices; into C.
   void apply(const Mat<double>& B, Mat<double>& C) const {
     const Index N = U.rows(), dv = B.rows() / N;
-    Mat<double> Y(k * dv, B.cols());
+    Mat<double> Y(k * dv, B.cols()), Ye(k * dv, B.cols());
     for (Index c = 0; c < B.cols(); ++c)
       Eigen::Map<Mat<double>>(Y.col(c).data(), k, dv).noalias() =
           U.transpose() * Eigen::Map<const Mat<double>>(B.col(c).data(), N, dv);
-    L.triangularView<Eigen::Lower>().solveInPlace(Y);
-    L.triangularView<Eigen::Lower>().transpose().solveInPlace(Y);
+    multiply_columns(Einv, Y, Ye);
+    Y.swap(Ye);
     C.resize(B.rows(), B.cols());
     for (Index c = 0; c < B.cols(); ++c)
       Eigen::Map<Mat<double>>(C.col(c).data(), N, dv).noalias() =
@@ -402,14 +403,14 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
 /// assumes no singular value lies between the two smallest found (the note says so). Stated
 /// accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then
 /// per iteration about `block` products with J^T (the rest carried, LobpcgProducts::Tracked),
-/// `block` with J, and d_v N^2 block solves per column. The iteration stops at matfree.tol, or
-/// where η stops falling above it (below 64 ε κ^2: the rounding of the stored vector; the note says
-/// so). Like lobpcg, it finds the smallest singular value from a random block, not by a
-/// certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is
-/// checked and given in the note. It answers (Info::Success) only when the iteration converges,
-/// σ_min is above the rank tolerance and the recomputed η is below 1/2; otherwise it says why and
-/// leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank level, Info::NotConverging,
-/// Info::Inaccurate when the answer contradicts the proven bound).
+/// `block` with J, and one pass over the blocks' d_v N^2 inverse entries. The iteration stops at
+/// matfree.tol, or where η stops falling above it (below 64 ε κ^2: the rounding of the stored
+/// vector; the note says so). Like lobpcg, it finds the smallest singular value from a random
+/// block, not by a certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X)
+/// (MATH.md §5) is checked and given in the note. It answers (Info::Success) only when the
+/// iteration converges, σ_min is above the rank tolerance and the recomputed η is below 1/2;
+/// otherwise it says why and leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank
+/// level, Info::NotConverging, Info::Inaccurate when the answer contradicts the proven bound).
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_matfree(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                                const CRef<Scalar>& WK, const CRef<Scalar>& WV,

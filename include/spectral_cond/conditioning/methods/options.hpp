@@ -133,9 +133,11 @@ struct JacobianKappaOptions {
   /// The LOBPCG iteration of the lobpcg method.
   LobpcgOptions lobpcg;
   /// The LOBPCG iteration of the matfree method, whose preconditioner is coarser than lobpcg's:
-  /// more iterations by default (block 4, 2000 iterations). A larger block takes fewer
-  /// iterations but more products in all (ViT-B head: block 4, 187 iterations; block 16, 127).
-  LobpcgOptions matfree{4, 2000, 1e-10, default_seed};
+  /// more iterations by default (block 2, 2000 iterations). A larger block takes fewer
+  /// iterations but more products in all (MATH.md §12; GPT-2-small head at N = 256: block 2, 387
+  /// iterations, 7.4 s; block 4, 352 iterations, 11.0 s). Temple's bound needs a block of 2 or
+  /// more (the second Ritz pair).
+  LobpcgOptions matfree{2, 2000, 1e-10, default_seed};
   /// The matfree preconditioner's coarse level: the eigenvectors of S = (P X)(P X)^T for its
   /// this many smallest eigenvalues, times every output channel (MATH.md §12); 0: none.
   Index matfree_coarse = 16;
