@@ -62,10 +62,10 @@ inline void lower_solve(const Mat<double>& L, Mat<double>& B, bool transpose) {
 }
 
 /// G^{-1} = L^{-T} L^{-1} in place, both triangles, from the factor L of cholesky_in_place
-/// (LAPACK's potri with LAPACKE, else one triangular solve and a symmetric rank update). For
-/// preconditioners applied to a few columns at a time: one pass over G^{-1} (multiply_columns)
-/// instead of two triangular solves, which BLAS's trsm packs afresh on every call. False when L
-/// has a zero on its diagonal or the inverse is not finite.
+/// (LAPACK's potri with LAPACKE, else one triangular solve and a symmetric rank update). For the
+/// matfree preconditioner's blocks (MATH.md §12), applied to a few columns at a time: one pass over
+/// G^{-1} (multiply_columns) instead of two triangular solves, which BLAS's trsm packs afresh on
+/// every call. False when L has a zero on its diagonal or the inverse is not finite.
 template <typename = void>
 inline bool inverse_from_cholesky(Mat<double>& G) {
   const Index n = G.rows();
@@ -83,10 +83,11 @@ inline bool inverse_from_cholesky(Mat<double>& G) {
   return G.allFinite();
 }
 
-/// Y = A B for a square A and a B of few columns, reading A once: A's columns are taken in turn
-/// and each adds its multiples to the columns of Y (a rank-1 update), with no packing of A (which
-/// BLAS's gemm does on every call and which costs as much as the product when B has 1 to 8
-/// columns). More columns go to the ordinary product.
+/// Y = A B (Y sized by the caller) for a square A and a B of few columns, reading A once (the
+/// matfree preconditioner's inverses, MATH.md §12): A's columns are taken in turn and each adds its
+/// multiples to the columns of Y (a rank-1 update), with no packing of A (which BLAS's gemm does on
+/// every call and which costs as much as the product when B has 1 to 8 columns). More columns go
+/// to the ordinary product.
 template <typename Lhs, typename Rhs, typename Dst>
 inline void multiply_columns(const Lhs& A, const Rhs& B, Dst&& Y) {
   if (B.cols() > 8) {
