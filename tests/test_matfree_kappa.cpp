@@ -157,17 +157,58 @@ TEST_CASE("matfree where N <= D: the proven lower bound sigma_N(PX) is in the no
   check_honest(m, d, t);
   REQUIRE(t.answered == 1);
   CHECK(m.note.find("sigma_min >= sigma_N(PX)") != std::string::npos);
+  CHECK(m.note.find("at rounding level") == std::string::npos);  // P X has full row rank
   AttentionCache<double> c;
   attention_forward<double>(p.X, p.WQ, p.WK, p.WV, p.opts, c);
   const Eigen::JacobiSVD<Mat<double>> svd(c.P * p.X);
   CHECK(svd.singularValues()(p.X.rows() - 1) <= d.sigma_min * (1 + 1e-12));
 }
 
+TEST_CASE("matfree where N > rank(X): the coarse level covers the null modes of (PX)(PX)^T") {
+  // LayerNorm'd rows have mean 0, so rank(X) = D - 1 = 11 and, P being invertible (causal),
+  // (PX)(PX)^T has N - 11 = 13 null modes; the coarse level takes them and 4 more.
+  auto p = make_problem<double>(24, 12, 4, 4, 19, MaskKind::Causal);
+  layer_norm_rows(p);
+  AttentionCache<double> c;
+  attention_forward<double>(p.X, p.WQ, p.WK, p.WV, p.opts, c);
+  const Eigen::JacobiSVD<Mat<double>> svd(c.P * p.X);
+  const Vec<double> s = svd.singularValues();
+  Index rank = 0;  // the same rule as the method's: σ_i^2 above N ε σ_1^2
+  while (rank < s.size() && s(rank) * s(rank) > 24 * sc_test::eps<double>() * s(0) * s(0)) ++rank;
+  REQUIRE(rank == 11);
+  JacobianKappaOptions jo;
+  jo.matfree_coarse = 4;
+  const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO(m.note);
+  CHECK(m.note.find("a coarse level on the 17 smallest eigenvectors of (PX)(PX)^T (68 "
+                    "directions)") != std::string::npos);
+  CHECK(m.note.find("13 eigenvalues at rounding level (numerical rank 11 < N = 24): 52 "
+                    "directions") != std::string::npos);
+  CHECK(m.note.find("beyond the coarse level") == std::string::npos);
+  Tally t;
+  check_honest(m, dense_reference(p), t);
+  CHECK(t.answered == 1);
+  // A budget that holds the 4 modes' E (order 16) but not the 17 modes' (order 68): the null
+  // modes are left out, the note says so, and with far too few iterations the decline says
+  // that this is where the method is slow.
+  jo.memory_budget = 50000;
+  jo.matfree.max_iterations = 3;
+  const auto few = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  INFO(few.note);
+  CHECK(few.note.find("a coarse level on the 4 smallest") != std::string::npos);
+  CHECK(few.note.find("9 modes beyond the coarse level (a coarse level covering them and 4 more "
+                      "was left out: its Galerkin matrix of order 68 would need") !=
+        std::string::npos);
+  REQUIRE(few.info == Info::NotConverging);
+  CHECK(std::isnan(few.kappa));
+  CHECK(few.note.find("converge slowly or not at all (MATH.md §12)") != std::string::npos);
+}
+
 TEST_CASE("auto takes matfree when the Gram matrix would not fit the memory budget") {
   auto p = make_problem<double>(20, 24, 6, 6, 5, MaskKind::Causal);
   JacobianKappaOptions jo;
-  jo.dense_max_entries = 0;  // not dense
-  jo.memory_budget = 1;      // nothing of order (N d_v)^2 fits
+  jo.dense_max_entries = 0;   // not dense
+  jo.memory_budget = 100000;  // no (N d_v)^2 matrix fits, the coarse level's 96^2 does
   jo.matfree.max_iterations = 400;
   const auto a = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
   INFO(a.note);
@@ -254,38 +295,55 @@ TEST_CASE("matfree's coarse level: its Galerkin matrix is Z^T J J^T Z of the ass
   detail::JacobianParts<double> jp;
   jp.compute(p.X, p.WQ, p.WK, p.WV, p.opts, JacobianBlock::All);
   const Mat<double> S = jp.PX * jp.PX.transpose();
-  detail::CoarseCorrection coarse;
-  std::string why;
-  REQUIRE(coarse.build(jp, p.X, S, 4, true, why));
-  REQUIRE(coarse.k == 4);
-  const Mat<double> J = attention_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts);
-  const Index N = 10, dv = 3, n = coarse.k * dv;
-  Mat<double> Z = Mat<double>::Zero(N * dv, n);  // column a + k i: u_a in channel i's rows
-  for (Index i = 0; i < dv; ++i)
+  using Form = detail::CoarseCorrection::Form;
+  for (const Form form : {Form::Columns, Form::ChannelPairs}) {  // both ways of forming E
+    INFO("E formed " << (form == Form::Columns ? "from J's columns" : "by channel pairs"));
+    detail::CoarseCorrection coarse;
+    coarse.form = form;
+    std::string why;
+    REQUIRE(coarse.build(jp, p.X, S, 4, true, std::uint64_t(1) << 30, why));
+    REQUIRE(coarse.k == 4);
+    CHECK(coarse.used_pairs == (form == Form::ChannelPairs));
+    const Mat<double> J = attention_jacobian(p.X, p.WQ, p.WK, p.WV, p.opts);
+    const Index N = 10, dv = 3, n = coarse.k * dv;
+    Mat<double> Z = Mat<double>::Zero(N * dv, n);  // column a + k i: u_a in channel i's rows
+    for (Index i = 0; i < dv; ++i)
+      for (Index a = 0; a < coarse.k; ++a)
+        Z.col(a + coarse.k * i).segment(i * N, N) = coarse.U.col(a);
+    const Mat<double> JtZ = J.transpose() * Z;
+    const Mat<double> E = JtZ.transpose() * JtZ;
+    // Its inverse, kept in place of E: E^{-1} E = I up to the shift and the inversion's rounding,
+    // both relative to ||E||, so a few hundred n ε κ(E).
+    REQUIRE(coarse.Einv.rows() == n);
+    const Eigen::SelfAdjointEigenSolver<Mat<double>> ee(E);
+    const double kappa_e = ee.eigenvalues()(n - 1) / ee.eigenvalues()(0);
+    CHECK((coarse.Einv - coarse.Einv.transpose()).norm() == 0);
+    const double err = (coarse.Einv * E - Mat<double>::Identity(n, n)).norm();
+    INFO("||E^{-1} Z^T J J^T Z - I|| = " << err << ", kappa(E) = " << kappa_e);
+    CHECK(err < 200 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e);
+    // The k columns of U_k are S's eigenvectors for its smallest eigenvalues.
+    const Eigen::SelfAdjointEigenSolver<Mat<double>> es(S);
     for (Index a = 0; a < coarse.k; ++a)
-      Z.col(a + coarse.k * i).segment(i * N, N) = coarse.U.col(a);
-  const Mat<double> JtZ = J.transpose() * Z;
-  const Mat<double> E = JtZ.transpose() * JtZ;
-  // Its inverse, kept in place of E: E^{-1} E = I up to the shift and the inversion's rounding,
-  // both relative to ||E||, so a few hundred n ε κ(E).
-  REQUIRE(coarse.Einv.rows() == n);
-  const Eigen::SelfAdjointEigenSolver<Mat<double>> ee(E);
-  const double kappa_e = ee.eigenvalues()(n - 1) / ee.eigenvalues()(0);
-  CHECK((coarse.Einv - coarse.Einv.transpose()).norm() == 0);
-  const double err = (coarse.Einv * E - Mat<double>::Identity(n, n)).norm();
-  INFO("||E^{-1} Z^T J J^T Z - I|| = " << err << ", kappa(E) = " << kappa_e);
-  CHECK(err < 200 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e);
-  // The k columns of U_k are S's eigenvectors for its smallest eigenvalues.
-  const Eigen::SelfAdjointEigenSolver<Mat<double>> es(S);
-  for (Index a = 0; a < coarse.k; ++a)
-    CHECK((S * coarse.U.col(a) - es.eigenvalues()(a) * coarse.U.col(a)).norm() <=
-          1e3 * sc_test::eps<double>() * es.eigenvalues()(N - 1));
-  // Applied to a block, it is Z E^{-1} Z^T.
-  Mat<double> B = Mat<double>::Random(N * dv, 2), C;
-  coarse.apply(B, C);
-  const Mat<double> ref = Z * E.ldlt().solve(Z.transpose() * B);
-  CHECK((C - ref).norm() <=
-        1e3 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e * ref.norm());
+      CHECK((S * coarse.U.col(a) - es.eigenvalues()(a) * coarse.U.col(a)).norm() <=
+            1e3 * sc_test::eps<double>() * es.eigenvalues()(N - 1));
+    // Applied to a block, it is Z E^{-1} Z^T.
+    Mat<double> B = Mat<double>::Random(N * dv, 2), C;
+    coarse.apply(B, C);
+    const Mat<double> ref = Z * E.ldlt().solve(Z.transpose() * B);
+    CHECK((C - ref).norm() <=
+          1e3 * static_cast<double>(n) * sc_test::eps<double>() * kappa_e * ref.norm());
+  }
+  // Over the memory budget (E alone is 12^2 doubles here), no coarse level, and the note says why.
+  detail::CoarseCorrection small;
+  std::string why;
+  CHECK(!small.build(jp, p.X, S, 4, true, 1000, why));
+  CHECK(small.k == 0);
+  CHECK(why.find("over the memory budget") != std::string::npos);
+  JacobianKappaOptions jo;
+  jo.memory_budget = 1000;
+  const auto m = kappa_jacobian_matfree<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
+  CHECK(m.note.find("(no coarse level: its Galerkin matrix of order 30 would need") !=
+        std::string::npos);
 }
 
 // The preconditioners keep inverses (inverse_from_cholesky) and apply them to a few columns in one
@@ -369,7 +427,11 @@ TEST_CASE("matfree's coarse level where the channel blocks miss the small direct
   check_honest(m, l, t);
   check_honest(m0, l, t);
   REQUIRE(m.info == Info::Success);
-  CHECK(m.note.find("coarse level on the 16 smallest eigenvectors") != std::string::npos);
+  // S's smallest eigenvalue is at rounding level here (σ_N(P X)^2 below N ε σ_1(P X)^2: the
+  // attention averages the tokens), so the coarse level takes it and 16 more.
+  CHECK(m.note.find("1 eigenvalue at rounding level (numerical rank 127 < N = 128)") !=
+        std::string::npos);
+  CHECK(m.note.find("coarse level on the 17 smallest eigenvectors") != std::string::npos);
   CHECK(m.accuracy <= 1e-8);
   CHECK(2 * m.iterations <= m0.iterations);
 }

@@ -337,7 +337,8 @@ void register_kappa(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_option("--coarse", args->coarse,
                   "eigenvectors of (PX)(PX)^T in the matfree preconditioner's coarse level "
-                  "(default 16; 0: the channel blocks alone)")
+                  "beyond its null modes, which it also covers where memory allows (default 16; "
+                  "0: the channel blocks alone)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4096}));
   cmd->add_flag("--bound", args->bound, "add every term of Theorem 3.4 (MATH.md §5)");
   cmd->add_option("--format", args->format, "table (default) or json (docs/cli.md)")

@@ -8,6 +8,8 @@
 // J, whatever the preconditioner's quality.
 #pragma once
 
+#include <functional>
+
 #include "spectral_cond/conditioning/methods/common.hpp"
 #include "spectral_cond/jacobian/compressed.hpp"
 #include "spectral_cond/jacobian/jacobian.hpp"
@@ -160,17 +162,28 @@ struct ChannelBlockPreconditioner {
 /// the structured form with no product by J: for z = e_i ⊗ u_a, J_Q^T z is the r x d_k matrix
 /// X^T diag(u_a) 𝔅^(i) and J_K^T z is 𝔈^(i)T diag(u_a) Q (𝔅^(i), 𝔈^(i) the N rows of channel
 /// i), and Z^T (I ⊗ S) Z = diag(μ_a). It is added to the channel blocks' inverse (an additive
-/// two-level preconditioner): M^{-1} = M_1^{-1} + Z E^{-1} Z^T.
+/// two-level preconditioner): M^{-1} = M_1^{-1} + Z E^{-1} Z^T. E is formed one of two ways, the
+/// cheaper by count: from those r x d_k matrices, 2 r d_k (k d_v)^2 flops, or channel pair by
+/// channel pair, E_(i,j) = U_k^T [(X X^T) ∘ (𝔅^(i) 𝔅^(j)T) + (Q Q^T) ∘ (𝔈^(i) 𝔈^(j)T)] U_k,
+/// about d_v^2 N^2 (d_k + r + k) flops, which wins once k is large (k = 273 at N = 1024 covering
+/// the null modes of S: 6x fewer).
 struct CoarseCorrection {
   Mat<double> U;     ///< U_k, N x k
   Mat<double> Einv;  ///< E^{-1} (E shifted, below), index a + k i
   Index k = 0;
+  /// How E is formed: the cheaper of the two by flop count, or one of them (tests compare both).
+  enum class Form { Cheaper, Columns, ChannelPairs } form = Form::Cheaper;
+  bool used_pairs = false;  ///< which form the last build used
+  /// Told the fraction of E formed, where set (forming E takes minutes at k d_v ~ 1e4).
+  std::function<void(double)> progress;
 
   /// Builds E from the unmixed 𝔅 and 𝔈 of jp (𝔈 absent: with_keys false, no coarse level, as
-  /// with RoPE). False, and k = 0, for `modes` = 0 and where S's eigenvectors or E's factor fail
-  /// (`why` says which): the preconditioner then has one level, which is still valid.
+  /// with RoPE). False, and k = 0, for `modes` = 0, where E and the work space of its forming
+  /// would take more than `budget` bytes (E is not allocated then), and where S's eigenvectors
+  /// or E's factor fail (`why` says which): the preconditioner then has one level, which is still
+  /// valid.
   bool build(const JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S,
-             Index modes, bool with_keys, std::string& why) {
+             Index modes, bool with_keys, std::uint64_t budget, std::string& why) {
     k = 0;
     const Index N = X.rows(), r = X.cols(), dv = jp.fwd.V.cols(), dk = jp.fwd.Q.cols();
     const Index kk = std::min(modes, N);
@@ -185,13 +198,52 @@ struct CoarseCorrection {
       return false;
     }
     const Index n = kk * dv;
-    // E = Σ_b F_b^T F_b over the query/key columns b, F_b (2 r x n) holding column b of the
-    // r x d_k matrices J_Q^T z and J_K^T z for every z = e_i ⊗ u_a (column a + k i): g columns
-    // b at a time, so nothing of order r d_k k d_v is held.
-    const Index g = std::min<Index>(8, dk);
-    Mat<double> F(2 * g * r, n), W(N, n), WQ(N, kk * g), T(r, kk * g);
+    const double by_columns = 2.0 * double(r) * double(dk) * double(n) * double(n);
+    const double by_pairs = double(dv) * double(dv + 1) *
+                            (double(N) * double(N) * double(dk + r + kk) + double(N * kk * kk));
+    used_pairs = form == Form::ChannelPairs || (form == Form::Cheaper && by_pairs < by_columns);
+    // E, in place of its factor and inverse, and the chosen form's work space: four N x N
+    // matrices, or F (2 g r x n), W (N x n), W_Q (N x k g) and T (r x k g), g <= 8.
+    const double g = double(std::min<Index>(8, dk));
+    const double need =
+        8.0 * (double(n) * double(n) + (used_pairs ? 4.0 * double(N) * double(N)
+                                                   : (2 * g * double(r) + double(N)) * double(n) +
+                                                         double(N + r) * double(kk) * g));
+    if (need > double(budget)) {
+      std::ostringstream o;
+      o << "its Galerkin matrix of order " << n << " would need " << need / double(1 << 30)
+        << " GiB, over the memory budget of " << double(budget) / double(1 << 30) << " GiB";
+      why = o.str();
+      return false;
+    }
     Mat<double>& L = Einv;  // E, then its factor, then its inverse
     L = Mat<double>::Zero(n, n);
+    if (used_pairs)
+      by_channel_pairs(jp, X, L);
+    else
+      by_columns_of_jt(jp, X, L);
+    for (Index i = 0; i < dv; ++i) L.diagonal().segment(i * kk, kk) += mu;
+    const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
+                         std::max(L.diagonal().maxCoeff(), std::numeric_limits<double>::min());
+    L.diagonal().array() += shift;
+    if (!cholesky_in_place(L) || !inverse_from_cholesky(L)) {
+      why = "its Galerkin matrix is not positive definite at working precision";
+      return false;
+    }
+    k = kk;
+    return true;
+  }
+
+  /// E's lower triangle, less diag(μ), from the r x d_k matrices J_Q^T z and J_K^T z: E =
+  /// Σ_b F_b^T F_b over the query/key columns b, F_b (2 r x n) holding column b of them for every
+  /// z = e_i ⊗ u_a (column a + k i): g columns b at a time, so nothing of order r d_k k d_v is
+  /// held.
+  void by_columns_of_jt(const JacobianParts<double>& jp, const Mat<double>& X,
+                        Mat<double>& L) const {
+    const Index N = X.rows(), r = X.cols(), dv = jp.fwd.V.cols(), dk = jp.fwd.Q.cols();
+    const Index kk = U.cols(), n = kk * dv;
+    const Index g = std::min<Index>(8, dk);
+    Mat<double> F(2 * g * r, n), W(N, n), WQ(N, kk * g), T(r, kk * g);
     for (Index b0 = 0; b0 < dk; b0 += g) {
       const Index gb = std::min(g, dk - b0);
       for (Index b = 0; b < gb; ++b) {
@@ -210,16 +262,25 @@ struct CoarseCorrection {
       }
       L.selfadjointView<Eigen::Lower>().rankUpdate(F.topRows(2 * gb * r).transpose());
     }
-    for (Index i = 0; i < dv; ++i) L.diagonal().segment(i * kk, kk) += mu;
-    const double shift = 64.0 * static_cast<double>(n) * ScalarTraits<double>::eps() *
-                         std::max(L.diagonal().maxCoeff(), std::numeric_limits<double>::min());
-    L.diagonal().array() += shift;
-    if (!cholesky_in_place(L) || !inverse_from_cholesky(L)) {
-      why = "its Galerkin matrix is not positive definite at working precision";
-      return false;
-    }
-    k = kk;
-    return true;
+  }
+
+  /// E's lower triangle, less diag(μ), channel pair by channel pair (i >= j): the N x N matrix
+  /// (X X^T) ∘ (𝔅^(i) 𝔅^(j)T) + (Q Q^T) ∘ (𝔈^(i) 𝔈^(j)T), then U_k^T · U_k (MATH.md §12).
+  void by_channel_pairs(const JacobianParts<double>& jp, const Mat<double>& X,
+                        Mat<double>& L) const {
+    const Index N = X.rows(), dv = jp.fwd.V.cols(), kk = U.cols();
+    const Mat<double> XX = X * X.transpose(), QQ = jp.fwd.Q * jp.fwd.Q.transpose();
+    Mat<double> H(N, N), T(N, N), HU(N, kk);
+    for (Index j = 0; j < dv; ++j)
+      for (Index i = j; i < dv; ++i) {
+        H.noalias() = jp.B.middleRows(i * N, N) * jp.B.middleRows(j * N, N).transpose();
+        T.noalias() = jp.E.middleRows(i * N, N) * jp.E.middleRows(j * N, N).transpose();
+        H = H.cwiseProduct(XX) + T.cwiseProduct(QQ);
+        HU.noalias() = H * U;
+        L.block(i * kk, j * kk, kk, kk).noalias() = U.transpose() * HU;
+        if (progress && i + 1 == dv)
+          progress(double((j + 1) * (2 * dv - j)) / double(dv * (dv + 1)));
+      }
   }
 
   /// Z E^{-1} Z^T B, for the columns of B as N x d_v matrices; into C.
@@ -294,6 +355,8 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   CoarseCorrection coarse;
   std::string coarse_why;  // why there is no coarse level, where one was asked for
   double lower = 0;        // the proven lower bound σ_N(P X) on σ_min(J), where it is informative
+  Index s_null = 0;        // S's eigenvalues at rounding level: N - rank(P X)
+  std::string null_left_out;  // why the coarse level does not cover them, where it does not
   {
     JacobianParts<double> jp;
     jp.compute(c.x(in), c.wq(in), c.wk(in), c.wv(in), in.opts, JacobianBlock::All);
@@ -306,7 +369,22 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
     // Clear of S's rounding, about N ε λ_max(S), σ_N(P X) bounds σ_min(J) from below.
     const double s_floor = static_cast<double>(N) * eps * mu(N - 1);
     if (mu(0) > 4 * s_floor) lower = std::sqrt(mu(0) - s_floor);
-    coarse.build(jp, c.x(in), S, jo.matfree_coarse, !jp.fwd.rope.active, coarse_why);
+    while (s_null < N && mu(s_null) <= s_floor) ++s_null;
+    // The coarse level covers S's null modes and matfree_coarse more: where P X is rank
+    // deficient (N > rank(X)), J J^T's smallest eigenvalues fill the null modes' directions in
+    // every channel, which only a coarse level on all of them resolves (MATH.md §12). Where that
+    // level does not fit the memory budget (or fails), it has matfree_coarse modes, as where S
+    // has none.
+    if (jo.progress) coarse.progress = [&jo](double f) { jo.progress(0.05 + 0.05 * f); };
+    bool built = false;
+    if (jo.matfree_coarse > 0 && s_null > 0) {
+      built = coarse.build(jp, c.x(in), S, jo.matfree_coarse + s_null, !jp.fwd.rope.active,
+                           jo.resolved_memory_budget(), coarse_why);
+      if (!built) null_left_out.swap(coarse_why);
+    }
+    if (!built)
+      coarse.build(jp, c.x(in), S, jo.matfree_coarse, !jp.fwd.rope.active,
+                   jo.resolved_memory_budget(), coarse_why);
     why.clear();
     if (!M.build(jp, c.x(in), S, !jp.fwd.rope.active, why))
       // The preconditioner only speeds the iteration: its failure says nothing of σ_min(J).
@@ -334,6 +412,19 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
          << coarse.k * in.WV.cols() << " directions)";
   else if (!coarse_why.empty())
     note << " (no coarse level: " << coarse_why << ")";
+  if (s_null > 0) {
+    // Where P X is numerically rank deficient (N > rank(X), or attention averaging tokens to
+    // rounding level), J_V misses s_null d_v directions, and J J^T's smallest eigenvalues fill
+    // them densely; a coarse level of fewer modes leaves most of them to the channel blocks,
+    // which do not resolve them (MATH.md §12, where matfree breaks).
+    note << "; (PX)(PX)^T has " << s_null << (s_null == 1 ? " eigenvalue" : " eigenvalues")
+         << " at rounding level (numerical rank " << N - s_null << " < N = " << N
+         << "): " << s_null * in.WV.cols() << " directions that J_V does not reach";
+    if (s_null > coarse.k) note << ", " << s_null - coarse.k << " modes beyond the coarse level";
+    if (!null_left_out.empty())
+      note << " (a coarse level covering them and " << jo.matfree_coarse
+           << " more was left out: " << null_left_out << ")";
+  }
   note << "; " << lo.iterations << " iterations";
   if (c.compressed)
     note << " on the compressed inputs X = L V^T (L " << N << " x " << c.X.cols() << ")";
@@ -341,6 +432,9 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
   if (!lo.converged) {
     note << ": did not converge in " << jo.matfree.max_iterations << " iterations (residual bound "
          << lo.eta << "; raise matfree.max_iterations or matfree.block, or use method qr)";
+    if (s_null > coarse.k)
+      note << "; where PX is numerically rank deficient beyond the coarse level the method is "
+              "known to converge slowly or not at all (MATH.md §12)";
     return run.decline(Info::NotConverging, note.str());
   }
   if (lo.at_eta_floor)

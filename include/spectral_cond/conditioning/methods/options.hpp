@@ -125,8 +125,9 @@ struct JacobianKappaOptions {
   /// gram: a full symmetric eigensolve up to this order, Lanczos and Cholesky above.
   Index gram_eig_max = 4000;
   /// Bytes the (N d_v)^2 matrices of gram, lobpcg and qr may take; auto takes matfree when two
-  /// of them (a Gram matrix and its factor) would not fit. 0 (default): a quarter of the
-  /// physical memory (physical_memory_bytes).
+  /// of them (a Gram matrix and its factor) would not fit. matfree's coarse level is left out
+  /// where its Galerkin matrix would not fit it. 0 (default): a quarter of the physical memory
+  /// (physical_memory_bytes).
   std::uint64_t memory_budget = 0;
   /// The Lanczos iterations of the gram, iterative and lobpcg methods.
   LanczosOptions lanczos;
@@ -139,7 +140,9 @@ struct JacobianKappaOptions {
   /// more (the second Ritz pair).
   LobpcgOptions matfree{2, 2000, 1e-10, default_seed};
   /// The matfree preconditioner's coarse level: the eigenvectors of S = (P X)(P X)^T for its
-  /// this many smallest eigenvalues, times every output channel (MATH.md §12); 0: none.
+  /// null modes (eigenvalues at rounding level, N - rank(P X)) and this many smallest eigenvalues
+  /// more, times every output channel (MATH.md §12); without the null modes where that would
+  /// not fit memory_budget; 0: none.
   Index matfree_coarse = 16;
   /// The qr method (its rtol and progress are taken from this struct when kappa_jacobian calls
   /// it).
