@@ -192,11 +192,6 @@ struct CoarseCorrection {
       why = "none with RoPE, whose key term has no structured form";
       return false;
     }
-    Vec<double> mu;
-    if (!smallest_eigenpairs(S, kk, mu, U)) {
-      why = "the eigenvectors of (PX)(PX)^T were not computed";
-      return false;
-    }
     const Index n = kk * dv;
     const double by_columns = 2.0 * double(r) * double(dk) * double(n) * double(n);
     const double by_pairs = double(dv) * double(dv + 1) *
@@ -214,6 +209,11 @@ struct CoarseCorrection {
       o << "its Galerkin matrix of order " << n << " would need " << need / double(1 << 30)
         << " GiB, over the memory budget of " << double(budget) / double(1 << 30) << " GiB";
       why = o.str();
+      return false;
+    }
+    Vec<double> mu;
+    if (!smallest_eigenpairs(S, kk, mu, U)) {
+      why = "the eigenvectors of (PX)(PX)^T were not computed";
       return false;
     }
     Mat<double>& L = Einv;  // E, then its factor, then its inverse
