@@ -1,8 +1,9 @@
 // spectral_cond: κ(J) of a wide J without ever forming or factoring an (N d_v)^2 matrix (MATH.md
 // §12, "The matrix-free method"): σ_max by Lanczos on J J^T, σ_min by LOBPCG on J J^T
 // preconditioned by the d_v blocks of J J^T over mixed output channels (N x N each, from the
-// structured form) plus a coarse level on the smallest eigenvectors of (P X)(P X)^T times every
-// channel, every product by J and J^T matrix-free (one JVP or VJP), on inputs compressed to N
+// structured form) plus a coarse level on the smallest eigenvectors of (P X)(P X)^T (its null
+// modes, where N > rank(X), and 16 more) times every channel, every product by J and J^T
+// matrix-free (one JVP or VJP), on inputs compressed to N
 // columns where N < D. Memory O(d_v N^2 + N d_v D + (k d_v)^2 + k d_v min(N, D)) instead of
 // (N d_v)^2. Accuracy ε κ plus the residual bound η or Temple's bound, earned from products with
 // J, whatever the preconditioner's quality.
@@ -489,22 +490,23 @@ ConditionResult<double> matfree_condition(const KJInputs& in, const JacobianKapp
 /// (N d_v)^2 is formed, so it runs where gram, lobpcg and qr do not fit (a GPT-2 head at
 /// N = 1024 has a 34 GB Gram matrix). σ_max by Lanczos on J J^T; σ_min by LOBPCG on J J^T with
 /// the d_v blocks of J J^T over mixed channels (ChannelBlockPreconditioner) plus the coarse level
-/// of JacobianKappaOptions::matfree_coarse modes (CoarseCorrection) as preconditioner,
-/// stopped on the unpreconditioned residual; for N < D on the compressed inputs (MatfreeInputs),
-/// whose J J^T is the same. At the end the residual of the Ritz pair is recomputed from two
-/// products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2 x|| / σ^2;
-/// and from the second Ritz pair, Temple's bound (temple_bound), quadratic in the residual, which
-/// assumes no singular value lies between the two smallest found (the note says so). Stated
-/// accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops, once), then
-/// per iteration about `block` products with J^T (the rest carried, LobpcgProducts::Tracked),
-/// `block` with J, and one pass over the blocks' d_v N^2 inverse entries. The iteration stops at
-/// matfree.tol, or where η stops falling above it (below 64 ε κ^2: the rounding of the stored
-/// vector; the note says so). Like lobpcg, it finds the smallest singular value from a random
-/// block, not by a certificate: where N <= D and P X has full rank, the proven σ_min >= σ_N(P X)
-/// (MATH.md §5) is checked and given in the note. It answers (Info::Success) only when the
-/// iteration converges, σ_min is above the rank tolerance and the recomputed η is below 1/2;
-/// otherwise it says why and leaves kappa NaN (Info::Singular for a tall J or a σ_min at rank
-/// level, Info::NotConverging, Info::Inaccurate when the answer contradicts the proven bound).
+/// on S's null modes and JacobianKappaOptions::matfree_coarse more (CoarseCorrection) as
+/// preconditioner, stopped on the unpreconditioned residual; for N < D on the compressed inputs
+/// (MatfreeInputs), whose J J^T is the same. At the end the residual of the Ritz pair is recomputed
+/// from two products: some singular value of J lies within η σ of the answer, η = ||J J^T x - σ^2
+/// x|| / σ^2; and from the second Ritz pair, Temple's bound (temple_bound), quadratic in the
+/// residual, which assumes no singular value lies between the two smallest found (the note says
+/// so). Stated accuracy ε κ + min(η, Temple's bound). Cost: the blocks (O(N^2 d_v (D + d_k)) flops,
+/// once), then per iteration about `block` products with J^T (the rest carried,
+/// LobpcgProducts::Tracked), `block` with J, and one pass over the blocks' d_v N^2 inverse entries
+/// and over E^{-1}'s (k d_v)^2. The iteration stops at matfree.tol, or where η stops falling above
+/// it (below 64 ε κ^2: the rounding of the stored vector; the note says so). Like lobpcg, it finds
+/// the smallest singular value from a random block, not by a certificate: where N <= D and P X has
+/// full rank, the proven σ_min >= σ_N(P X) (MATH.md §5) is checked and given in the note. It
+/// answers (Info::Success) only when the iteration converges, σ_min is above the rank tolerance and
+/// the recomputed η is below 1/2; otherwise it says why and leaves kappa NaN (Info::Singular for a
+/// tall J or a σ_min at rank level, Info::NotConverging, Info::Inaccurate when the answer
+/// contradicts the proven bound).
 template <typename Scalar>
 ConditionResult<double> kappa_jacobian_matfree(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
                                                const CRef<Scalar>& WK, const CRef<Scalar>& WV,
