@@ -13,6 +13,8 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 namespace spectral_cond {
 
@@ -46,6 +48,7 @@ struct LanczosOutcome {
   Index iterations = 0;                                        ///< restarts
   Index operations = 0;                                        ///< products with the operator
   bool converged = false;
+  std::string failure;  ///< the eigensolver's own failure message, when it failed outright
 };
 
 namespace detail {
@@ -85,7 +88,15 @@ LanczosOutcome lanczos_largest(Op& op, const LanczosOptions& o) {
   Vec<double> v0(n);
   for (Index i = 0; i < n; ++i) v0(i) = rng.normal();
   eigs.init(v0.data());
-  eigs.compute(Spectra::SortRule::LargestAlge, o.max_iterations, o.tol);
+  // Spectra throws where its tridiagonal eigensolver fails, which happens when the operator's
+  // products overflow or are not finite (the inverse of a numerically singular factor): that
+  // is a Lanczos run that did not converge, which every caller already handles, never an error.
+  try {
+    eigs.compute(Spectra::SortRule::LargestAlge, o.max_iterations, o.tol);
+  } catch (const std::runtime_error& e) {
+    out.failure = e.what();
+    return out;
+  }
   out.iterations = eigs.num_iterations();
   out.operations = eigs.num_operations();
   if (eigs.info() != Spectra::CompInfo::Successful) return out;

@@ -218,22 +218,34 @@ struct LobpcgRun {
     res.method = method;
   }
 
-  /// No answer: σ_min, κ and the accuracy NaN, the rank unknown, `why` in the note.
-  ConditionResult<double> decline(Info info, const std::string& why) {
+  /// No answer: σ_min, κ and the accuracy NaN, the rank unknown (-1), `why` in the note. For
+  /// Info::Singular κ is +inf (MATH.md §4: a singular J is +inf, never NaN), σ_min the value
+  /// found at or below the rank tolerance (`sigma_min`, an upper bound; 0 where it is exact) and
+  /// the accuracy +inf; κ₊ and the rank still need qr or dense.
+  ConditionResult<double> decline(Info info, const std::string& why,
+                                  double sigma_min = std::numeric_limits<double>::quiet_NaN()) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     res.info = info;
     res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy = nan;
+    if (info == Info::Singular) {
+      res.kappa = std::numeric_limits<double>::infinity();
+      res.sigma_min = sigma_min;
+      res.accuracy = sigma_min == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+    }
     res.rank = -1;
     res.note = why;
     if (jo.progress) jo.progress(1.0);
     return res;
   }
 
-  /// A tall J: κ = +inf by the gauge directions, which LOBPCG on J J^T cannot show.
+  /// A tall J: κ = +inf by the gauge directions, which LOBPCG on J J^T cannot show. σ_max is
+  /// not computed (NaN).
   ConditionResult<double> decline_tall() {
+    res.sigma_max = std::numeric_limits<double>::quiet_NaN();
     return decline(Info::Singular,
                    "J is tall: the gauge directions (W_Q E, -W_K E^T, 0) lie in its null space "
-                   "(MATH.md 4), so kappa = +inf; the rank and kappa_plus need method qr");
+                   "(MATH.md 4), so kappa = +inf exactly; the rank and kappa_plus need method qr",
+                   0.0);
   }
 
   /// σ_max by Lanczos on J J^T (tolerance at most 1e-13; squaring does not hurt the largest) and
@@ -257,9 +269,11 @@ struct LobpcgRun {
   std::optional<ConditionResult<double>> decline_if_rank_level(double sigma,
                                                                const std::string& note) {
     if (sigma > res.rank_tol) return std::nullopt;
-    return decline(Info::Singular, note + ": sigma_min <= " + std::to_string(sigma) +
-                                       " is not above the rank tolerance; the rank and "
-                                       "kappa_plus need method qr or dense");
+    return decline(Info::Singular,
+                   note + ": sigma_min <= " + std::to_string(sigma) +
+                       " is not above the rank tolerance, so kappa = +inf; the rank and "
+                       "kappa_plus need method qr or dense",
+                   std::max(sigma, 0.0));
   }
 
   /// The answer σ_min: κ = κ₊, full rank with its certificate.
@@ -304,6 +318,9 @@ inline ConditionResult<double> validated(const KJInputs& in, ConditionResult<dou
   // (NaN kappa) has nothing to check.
   if (!(res.info == Info::Success || (res.info == Info::Singular && std::isinf(res.kappa))))
     return res;
+  // A singular verdict without σ_max (a tall J, found singular by its structure) has no number
+  // to check.
+  if (res.info == Info::Singular && std::isnan(res.sigma_max)) return res;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::ostringstream why;
   const double eps = ScalarTraits<double>::eps();

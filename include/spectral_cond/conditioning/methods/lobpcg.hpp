@@ -38,9 +38,10 @@ inline ConditionResult<double> lobpcg_condition(const KJInputs& in, const Jacobi
     L = attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts);
     if (jo.progress) jo.progress(0.25);
     if (!cholesky_in_place(L))
-      return run.decline(Info::Singular, note.str() +
-                                             ": J J^T is not positive definite at working "
-                                             "precision (eps kappa^2 >~ 1, or J singular)");
+      // Not a singular verdict: an ill-conditioned J (eps kappa^2 >~ 1) looks the same here.
+      return run.decline(Info::Inaccurate, note.str() +
+                                               ": J J^T is not positive definite at working "
+                                               "precision (eps kappa^2 >~ 1, or J singular)");
   }
   if (jo.progress) jo.progress(0.55);
   std::function<void(double)> inner;
