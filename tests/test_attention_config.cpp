@@ -149,6 +149,28 @@ TEST_CASE("RoPE from config.json: pairing, base and width by model type; refusal
   CHECK(from(R"({"model_type": "esm", "position_embedding_type": "rotary"})")
             .refusal.find("pairing is not known") != std::string::npos);
 
+  // transformers 5: rope_theta, partial_rotary_factor and rope_type live in rope_parameters.
+  c = from(R"({"model_type": "llama", "rope_parameters": {"rope_theta": 500000.0,
+               "rope_type": "default"}})");
+  CHECK((c.present && c.theta == 500000.0 && c.refusal.empty()));
+  c = from(R"({"model_type": "phi", "rope_parameters": {"rope_theta": 10000.0,
+               "partial_rotary_factor": 0.4, "rope_type": "default"}})");
+  CHECK((c.present && c.fraction == 0.4 && c.for_head(80).dims == 32));
+  c = from(R"({"model_type": "llama", "rope_parameters": {"rope_theta": 5e5, "rope_type": "yarn",
+               "factor": 4.0}})");
+  CHECK(c.refusal.find("rope_type yarn is not modelled") != std::string::npos);
+  // One object per layer type: the same parameters are read, differing ones refused.
+  c = from(R"({"model_type": "qwen3", "rope_parameters": {
+               "full_attention": {"rope_theta": 1e6, "rope_type": "default"},
+               "sliding_attention": {"rope_theta": 1e6, "rope_type": "default"}}})");
+  CHECK((c.present && c.theta == 1e6 && c.refusal.empty()));
+  c = from(R"({"model_type": "qwen3", "rope_parameters": {
+               "full_attention": {"rope_theta": 1e6, "rope_type": "default"},
+               "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}})");
+  CHECK(c.refusal.find("differ between layer types") != std::string::npos);
+  CHECK_THROWS_WITH_AS(from(R"({"model_type": "llama", "rope_parameters": 3})"),
+                       doctest::Contains("\"rope_parameters\" must be an object"), io::IoError);
+
   // Bad values are named.
   CHECK_THROWS_WITH_AS(from(R"({"model_type": "llama", "rope_theta": "big"})"),
                        doctest::Contains("\"rope_theta\" must be a finite number"), io::IoError);

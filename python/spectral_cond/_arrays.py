@@ -82,7 +82,13 @@ def as_extras(fn: str, biases: Any, rope: Any) -> Any:
         if isinstance(rope, str):
             out["rope"] = (rope, 10000.0, 0, 0)
         elif all(hasattr(rope, k) for k in ("pairing", "theta", "dims", "offset")):
-            out["rope"] = (str(rope.pairing), float(rope.theta), int(rope.dims), int(rope.offset))
+            cos, sin = getattr(rope, "cos", None), getattr(rope, "sin", None)
+            if (cos is None) != (sin is None):
+                raise ValueError(f"{fn}: rope cos and sin tables must be given together")
+            tables = (None, None) if cos is None else (as_array("rope cos", cos, fn),
+                                                         as_array("rope sin", sin, fn))
+            out["rope"] = (str(rope.pairing), float(rope.theta), int(rope.dims),
+                           int(rope.offset)) + tables
         else:
             raise TypeError(f"{fn}: rope must be None, 'rotate_half', 'interleaved' or a Rope")
     return out

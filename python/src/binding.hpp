@@ -196,7 +196,8 @@ AttentionOptions<Scalar> attention_options(const char* fn, std::optional<double>
 
 /// Adds the biases and RoPE of `extras` to `o` (MATH.md §10): None, or the dict built by
 /// spectral_cond._arrays.as_extras, {"bias_q": k x 1 array or None, "bias_k", "bias_v",
-/// "rope": (pairing, theta, dims, offset) or None}. Biases of either float dtype are converted.
+/// "rope": (pairing, theta, dims, offset[, cos, sin]) or None}, cos and sin N x dims tables or
+/// None. Biases of either float dtype are converted.
 template <typename Scalar>
 void apply_extras(const char* fn, const nb::object& extras, AttentionOptions<Scalar>& o) {
   if (extras.is_none()) return;
@@ -225,6 +226,16 @@ void apply_extras(const char* fn, const nb::object& extras, AttentionOptions<Sca
     r.theta = nb::cast<double>(t[1]);
     r.dims = nb::cast<Index>(t[2]);
     r.offset = nb::cast<Index>(t[3]);
+    if (t.size() >= 6 && !t[4].is_none()) {  // the model's own angle tables (N x dims each)
+      auto table = [&](const char* key, nb::handle h, Eigen::MatrixXd& dst) {
+        Array a;
+        if (!nb::try_cast<Array>(h, a)) type_error(fn, std::string(key) + " must be an array");
+        const Dtype t2 = check_matrix(fn, key, a);
+        dst = t2 == Dtype::Float64 ? view<double>(a).eval() : view<float>(a).template cast<double>().eval();
+      };
+      table("rope cos", t[4], r.cos);
+      table("rope sin", t[5], r.sin);
+    }
     o.rope = r;
   }
 }

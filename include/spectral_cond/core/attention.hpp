@@ -56,6 +56,12 @@ struct AttentionOptions {
       detail::require_shape(fn, "additive_mask", "N x N", n_tokens, n_tokens, additive_mask);
       detail::check_additive_mask(fn, additive_mask);
     }
+    if (rope && rope->has_tables() && rope->cos.rows() != n_tokens) {
+      std::ostringstream s;
+      s << "rope tables must have one row per token, N = " << n_tokens << " (got "
+        << rope->cos.rows() << ")";
+      detail::fail(fn, s.str());
+    }
   }
 
   /// Throws std::invalid_argument naming `fn` when the biases or RoPE do not fit projections of

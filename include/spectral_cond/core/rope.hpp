@@ -7,7 +7,10 @@
 //   rotate_half   (b, b + dims/2) for b < dims/2   (Hugging Face's rotate_half: Llama, Qwen2, …)
 //   interleaved   (2j, 2j + 1)                      (GPT-J, Meta's original Llama code)
 //
-// Columns past `dims` (partial rotary, GPT-NeoX's rotary_pct) are not rotated. For the first
+// Columns past `dims` (partial rotary, GPT-NeoX's rotary_pct) are not rotated. The angles'
+// cosines and sines may instead be given as tables (RopeOptions::cos, ::sin, N x dims), as a model
+// computes them (any frequency schedule, any positions, and a scaled rotation where a model
+// multiplies both by an attention factor, as YaRN does). For the first
 // member b of a pair, R_i[b, b] = cos, R_i[b, p] = +sin; for the second, R_i[b, p] = -sin. With
 // s_b that sign and the N x d_k tables C[i, b] = cos((offset + i) ω_b) and
 // S[i, b] = s_b sin((offset + i) ω_b):
@@ -54,10 +57,20 @@ struct RopeOptions {
   Index dims = 0;
   /// The position of token 0 (tokens are at offset, offset + 1, …).
   Index offset = 0;
+  /// Explicit tables, both N x dims or both empty (default): cos(i, b) and sin(i, b) of token i's
+  /// angle for rotated column b, in the layout the pairing implies (rotate_half: column b and
+  /// b + dims/2 share an angle; interleaved: 2j and 2j + 1), as Hugging Face's
+  /// position_embeddings hold them. When set, theta and offset are not used, and the tables need
+  /// not satisfy cos² + sin² = 1 (a model may scale both, MATH.md §10).
+  Eigen::MatrixXd cos, sin;
 
-  Index resolved_dims(Index d_k) const { return dims == 0 ? d_k : dims; }
+  Index resolved_dims(Index d_k) const {
+    return cos.cols() > 0 ? cos.cols() : dims == 0 ? d_k : dims;
+  }
+  bool has_tables() const { return cos.size() > 0 || sin.size() > 0; }
 
-  /// Throws std::invalid_argument naming `fn` when RoPE cannot apply to heads of width d_k.
+  /// Throws std::invalid_argument naming `fn` when RoPE cannot apply to heads of width d_k
+  /// (AttentionOptions::check compares the tables' rows with N).
   void check(const char* fn, Index d_k) const {
     std::ostringstream s;
     const Index r = resolved_dims(d_k);
@@ -67,6 +80,13 @@ struct RopeOptions {
       s << "rope dims must be even and at most d_k = " << d_k << " (got " << r << ")";
     else if (offset < 0)
       s << "rope offset must be >= 0 (got " << offset << ")";
+    else if (has_tables() && (cos.rows() != sin.rows() || cos.cols() != sin.cols()))
+      s << "rope cos and sin tables must have the same shape (got " << cos.rows() << " x "
+        << cos.cols() << " and " << sin.rows() << " x " << sin.cols() << ")";
+    else if (has_tables() && dims != 0 && dims != cos.cols())
+      s << "rope dims (" << dims << ") must equal the tables' width (" << cos.cols() << ")";
+    else if (has_tables() && !(cos.allFinite() && sin.allFinite()))
+      s << "rope cos and sin tables must be finite";
     if (!s.str().empty()) detail::fail(fn, s.str());
   }
 };
@@ -101,6 +121,13 @@ struct RopeTable {
         }
       }
       partner[static_cast<std::size_t>(b)] = p;
+      if (o.has_tables()) {  // the model's own angles (checked N x r by RopeOptions::check)
+        for (Index i = 0; i < N; ++i) {
+          C(i, b) = static_cast<Scalar>(j < 0 ? 1.0 : o.cos(i, b));
+          S(i, b) = static_cast<Scalar>(j < 0 ? 0.0 : sign * o.sin(i, b));
+        }
+        continue;
+      }
       const double w =
           j < 0 ? 0.0 : std::pow(o.theta, -2.0 * static_cast<double>(j) / static_cast<double>(r));
       for (Index i = 0; i < N; ++i) {

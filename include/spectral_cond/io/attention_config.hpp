@@ -109,16 +109,42 @@ inline bool interleaved_model(const std::string& t) {
 /// RoPE from a parsed Hugging Face config.json (see RopeConfig); `path` names it in errors.
 /// model_type decides the pairing; rope_theta (rotary_emb_base) the base, 10000 by default;
 /// partial_rotary_factor (rotary_pct; GPT-NeoX's default 0.25, Phi's 0.5) or rotary_dim the
-/// width. A non-default rope_scaling, or Falcon's alibi, is a refusal.
+/// width. transformers 5 keeps rope_theta, partial_rotary_factor and rope_type in
+/// "rope_parameters" (one object, or one per layer type): read there first. A rope_type other
+/// than "default" (in rope_parameters or rope_scaling), rope_parameters that differ between
+/// layer types, or Falcon's alibi, is a refusal.
 inline RopeConfig rope_config_from_json(const nlohmann::json& j, const std::string& path) {
   RopeConfig c;
   if (!j.is_object()) throw IoError(path + ": expected a JSON object");
+  // rope_parameters: {"rope_theta": …, "rope_type": …} or {"<layer type>": {…}, …}.
+  const nlohmann::json* params = nullptr;
+  std::string params_refusal;
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) throw IoError(path + ": \"rope_parameters\" must be an object");
+    params = &*it;
+    if (!it->contains("rope_theta") && !it->contains("rope_type") && !it->empty()) {
+      const nlohmann::json* first = nullptr;
+      for (const auto& [k, v] : it->items()) {
+        if (!v.is_object())
+          throw IoError(path + ": \"rope_parameters\"." + k + " must be an object");
+        if (first == nullptr) first = &v;
+        else if (v != *first)
+          params_refusal = path + ": rope_parameters differ between layer types (" +
+                           it->begin().key() + ", " + k + "); per-layer RoPE is not modelled";
+      }
+      params = first;
+    }
+  }
   auto number = [&](const char* key) -> std::optional<double> {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return std::nullopt;
-    if (!it->is_number() || !std::isfinite(it->get<double>()))
-      throw IoError(path + ": \"" + key + "\" must be a finite number");
-    return it->get<double>();
+    for (const nlohmann::json* o : {params, &j}) {
+      if (o == nullptr) continue;
+      auto it = o->find(key);
+      if (it == o->end() || it->is_null()) continue;
+      if (!it->is_number() || !std::isfinite(it->get<double>()))
+        throw IoError(path + ": \"" + key + "\" must be a finite number");
+      return it->get<double>();
+    }
+    return std::nullopt;
   };
   std::string type;
   if (auto it = j.find("model_type"); it != j.end() && it->is_string())
@@ -174,6 +200,16 @@ inline RopeConfig rope_config_from_json(const nlohmann::json& j, const std::stri
     if (kind != "default")
       c.refusal = path + ": rope_scaling " + kind + " is not modelled (plain RoPE is)";
   }
+  if (params != nullptr) {
+    if (auto t = params->find("rope_type"); t != params->end() && !t->is_null()) {
+      const std::string kind = t->is_string() ? t->get<std::string>() : "of unknown type";
+      if (kind != "default")
+        c.refusal = path + ": rope_parameters rope_type " + kind +
+                    " is not modelled (plain RoPE is; the Python package models every rope_type "
+                    "from a live model's own angles)";
+    }
+  }
+  if (!params_refusal.empty()) c.refusal = params_refusal;
   return c;
 }
 
