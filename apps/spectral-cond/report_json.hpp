@@ -125,6 +125,7 @@ inline nlohmann::json diagnostics_json(const AttentionDiagnostics& d) {
           {"saturated_rows", p.saturated},
           {"saturated_diagonal", p.saturated_diagonal},
           {"saturated_fraction", json_number(p.saturated_fraction)},
+          {"forced_rows", p.forced},
           {"collapsed", d.collapsed},
           {"norm", "spectral"},
           {"sigma_max_JQ", json_number(n.sigma_max_JQ)},

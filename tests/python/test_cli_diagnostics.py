@@ -115,8 +115,15 @@ class TestKappa(Base):
         self.assertAlmostEqual(num(a["row_max_min"]), m.min(), delta=1e-14)
         self.assertAlmostEqual(num(a["row_max_mean"]), m.mean(), delta=1e-14)
         self.assertAlmostEqual(num(a["entropy_mean"]), H.mean(), delta=1e-12)
-        sat = m > 1 - 1e-6
+        # Rows whose mask leaves one key (row 0 of a causal mask) are "forced", not saturated.
+        forced = np.zeros(P.shape[0], dtype=bool)
+        if causal:
+            forced[0] = True
+        self.assertEqual(a["forced_rows"], int(forced.sum()))
+        sat = (m > 1 - 1e-6) & ~forced
         self.assertEqual(a["saturated_rows"], int(sat.sum()))
+        self.assertAlmostEqual(num(a["saturated_fraction"]), sat.sum() / (~forced).sum(),
+                               delta=1e-15)
         diag = sat & (P.argmax(axis=1) == np.arange(P.shape[0]))
         self.assertEqual(a["saturated_diagonal"], int(diag.sum()))
         self.assertEqual(a["norm"], "spectral")

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -34,11 +35,15 @@ struct AttentionPattern {
   double row_max_mean = std::numeric_limits<double>::quiet_NaN();  ///< mean_i m_i
   /// mean_i H_i, H_i = -Σ_j P_ij log P_ij (natural log; 0 log 0 = 0); log N for uniform rows
   double entropy_mean = std::numeric_limits<double>::quiet_NaN();
-  Index saturated = 0;            ///< rows with m_i > 1 - saturation_threshold
+  /// Rows whose mask leaves a single key (row 0 of a causal mask): one-hot by construction, so
+  /// not counted as saturated; their maxima and entropies (1 and 0) are in the means.
+  Index forced = 0;
+  Index forced_diagonal = 0;      ///< of those, rows whose one key is their own token
+  Index saturated = 0;            ///< other rows with m_i > 1 - saturation_threshold
   Index saturated_diagonal = 0;   ///< of those, rows whose maximum is P_ii
-  double saturated_fraction = 0;  ///< saturated / rows
-  /// Every row is saturated on its own token: P = I to within saturation_threshold.
-  bool identity() const { return rows > 0 && saturated_diagonal == rows; }
+  double saturated_fraction = 0;  ///< saturated / (rows - forced); 0 when every row is forced
+  /// Every row is one-hot on its own token: P = I to within saturation_threshold.
+  bool identity() const { return rows > 0 && saturated_diagonal + forced_diagonal == rows; }
 };
 
 /// Spectral norms of the blocks of J (MATH.md §11). sigma_max_JV is σ_1(P X) from a dense SVD;
@@ -85,9 +90,11 @@ struct HypothesisFreeBound {
   std::string note;
 };
 
-/// Attention-pattern statistics of P (MATH.md §11).
+/// Attention-pattern statistics of P (MATH.md §11). `allowed(i)`, when given, is the number of
+/// keys row i's mask leaves (rows with one are `forced`, not saturated).
 template <typename = void>
-AttentionPattern attention_pattern(const CRef<double>& P) {
+AttentionPattern attention_pattern(const CRef<double>& P,
+                                   const std::function<Index(Index)>& allowed = {}) {
   if (P.rows() < 1 || P.rows() != P.cols())
     detail::fail("attention_pattern", "P must be square and non-empty (got " +
                                           detail::shape_str(P.rows(), P.cols()) + ")");
@@ -106,15 +113,21 @@ AttentionPattern attention_pattern(const CRef<double>& P) {
     mmin = std::min(mmin, m);
     msum += m;
     hsum += h;
-    if (m > 1 - saturation_threshold) {
+    const bool diagonal = arg == i || P(i, i) == m;
+    if (allowed && allowed(i) == 1) {
+      ++a.forced;
+      if (diagonal) ++a.forced_diagonal;
+    } else if (m > 1 - saturation_threshold) {
       ++a.saturated;
-      if (arg == i || P(i, i) == m) ++a.saturated_diagonal;
+      if (diagonal) ++a.saturated_diagonal;
     }
   }
   a.row_max_min = mmin;
   a.row_max_mean = msum / static_cast<double>(N);
   a.entropy_mean = hsum / static_cast<double>(N);
-  a.saturated_fraction = static_cast<double>(a.saturated) / static_cast<double>(N);
+  a.saturated_fraction = a.forced < N ? static_cast<double>(a.saturated) /
+                                            static_cast<double>(N - a.forced)
+                                      : 0.0;
   return a;
 }
 
@@ -228,7 +241,17 @@ AttentionDiagnostics attention_diagnostics(const CRef<double>& X, const CRef<dou
                                            const AttentionOptions<double>& opts,
                                            const CRef<double>& P) {
   AttentionDiagnostics d;
-  d.pattern = attention_pattern(P);
+  std::function<Index(Index)> allowed;
+  if (opts.mask == MaskKind::Causal) {
+    allowed = [](Index i) { return i + 1; };
+  } else if (opts.mask == MaskKind::Additive) {
+    const Mat<double>& M = opts.additive_mask;
+    allowed = [&M](Index i) {
+      return static_cast<Index>((M.row(i).array() != -std::numeric_limits<double>::infinity())
+                                    .count());
+    };
+  }
+  d.pattern = attention_pattern(P, allowed);
   d.norms = jacobian_block_norms(X, WQ, WK, WV, opts, P);
   d.collapsed = d.pattern.identity();
   std::ostringstream n;
@@ -243,8 +266,11 @@ AttentionDiagnostics attention_diagnostics(const CRef<double>& X, const CRef<dou
     else
       n << "J = [0 | 0 | I (x) X] with X tall: query/key gradients vanish";
   } else if (d.pattern.saturated > 0) {
-    n << d.pattern.saturated << " of " << N << " rows of P are saturated (max_j P_ij > 1 - 1e-6), "
-      << d.pattern.saturated_diagonal << " of them on the diagonal";
+    n << d.pattern.saturated << " of " << N - d.pattern.forced
+      << " rows of P are saturated (max_j P_ij > 1 - 1e-6), " << d.pattern.saturated_diagonal
+      << " of them on the diagonal";
+    if (d.pattern.forced > 0)
+      n << " (" << d.pattern.forced << " more rows have a single key under the mask)";
   }
   if (!d.norms.converged) {
     if (n.tellp() > 0) n << "; ";
