@@ -35,8 +35,8 @@ struct Tally {
 };
 
 /// If matfree answered, it agrees with the reference `d` within its stated accuracy plus the
-/// reference's own ε κ, times 20 for the polynomial in the sizes; if it declined, kappa is NaN
-/// and the note says why.
+/// reference's own ε κ, times 20 for the polynomial in the sizes; if it found J singular, kappa
+/// is +inf; if it declined otherwise, kappa is NaN; the note says why.
 void check_honest(const ConditionResult<double>& m, const ConditionResult<double>& d, Tally& t) {
   INFO("matfree: info " << to_string(m.info) << " sigma_min " << m.sigma_min << " kappa " << m.kappa
                         << " accuracy " << m.accuracy << " iterations " << m.iterations
@@ -45,7 +45,10 @@ void check_honest(const ConditionResult<double>& m, const ConditionResult<double
                           << d.kappa);
   if (m.info != Info::Success) {
     ++(m.info == Info::Singular ? t.singular : t.declined);
-    CHECK(std::isnan(m.kappa));
+    if (m.info == Info::Singular)
+      CHECK(m.kappa == std::numeric_limits<double>::infinity());
+    else
+      CHECK(std::isnan(m.kappa));
     CHECK(!m.note.empty());
     return;
   }
@@ -213,12 +216,13 @@ TEST_CASE("auto takes matfree when the Gram matrix would not fit the memory budg
   const auto a = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
   INFO(a.note);
   CHECK(a.note.rfind("auto chose matfree", 0) == 0);
+  CHECK(a.note.find("lobpcg left out") != std::string::npos);
   Tally t;
   check_honest(a, dense_reference(p), t);
   CHECK(t.answered == 1);
-  jo.memory_budget = std::uint64_t(1) << 40;  // everything fits: the former choice
+  jo.memory_budget = std::uint64_t(1) << 40;  // everything fits: all three are candidates
   const auto b = kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, p.opts, jo);
-  CHECK(b.note.find("matfree") == std::string::npos);
+  CHECK(b.note.find("left out") == std::string::npos);
   CHECK(jo.resolved_memory_budget() == std::uint64_t(1) << 40);
   jo.memory_budget = 0;
   CHECK(jo.resolved_memory_budget() == physical_memory_bytes() / 4);
@@ -229,7 +233,8 @@ TEST_CASE("matfree declines a tall J and reads float inputs") {
   const auto tall = make_problem<double>(24, 4, 2, 4, 8);  // 96 rows, 32 columns
   const auto r = kappa_jacobian_matfree<double>(tall.X, tall.WQ, tall.WK, tall.WV, tall.opts);
   CHECK(r.info == Info::Singular);
-  CHECK(std::isnan(r.kappa));
+  CHECK(r.kappa == std::numeric_limits<double>::infinity());  // never NaN (MATH.md §4)
+  CHECK(r.sigma_min == 0);
   CHECK(r.note.find("tall") != std::string::npos);
   const auto pf = make_problem<float>(10, 16, 4, 4, 9);
   const auto f = kappa_jacobian_matfree<float>(pf.X, pf.WQ, pf.WK, pf.WV, pf.opts);

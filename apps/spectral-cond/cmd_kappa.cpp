@@ -305,6 +305,8 @@ void run_attention(const KappaArgs& a) {
            ", kappa_plus(J) = " + number_text(r.kappa_plus, kDigits));
   if (r.info == Info::NotConverging)
     throw NumericalFailure("kappa(J) did not converge (method " + a.method + "): " + r.note);
+  if (r.info == Info::TooLarge)
+    throw NumericalFailure("kappa(J) declined (method " + a.method + "): " + r.note);
 }
 
 }  // namespace

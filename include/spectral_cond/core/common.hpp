@@ -42,6 +42,7 @@ enum class Info {
   NotConverging,  ///< an iterative method stopped before its tolerance was met
   InvalidInput,   ///< NaN or Inf in the input
   Inaccurate,     ///< computed, but the stated accuracy makes the value meaningless
+  TooLarge,       ///< not computed: every method's estimated memory exceeds the budget
 };
 
 inline const char* to_string(Info info) {
@@ -56,6 +57,8 @@ inline const char* to_string(Info info) {
       return "invalid_input";
     case Info::Inaccurate:
       return "inaccurate";
+    case Info::TooLarge:
+      return "too_large";
   }
   return "unknown";
 }

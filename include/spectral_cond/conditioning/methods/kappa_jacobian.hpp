@@ -22,10 +22,11 @@
 //              For context lengths where the Gram matrix does not fit.
 //   qr         QR of the compressed Jacobian (MATH.md §3, "The compressed Jacobian"), then the
 //              triangular factor: backward stable, accuracy about ε κ(J).
-//   auto       dense when J is small; matfree when J is wide and a Gram matrix and its factor
-//              would not fit the memory budget; else gram when its own error estimate ε κ^2 is
-//              below the requested tolerance, otherwise an accurate method: lobpcg where it
-//              answers, qr where it does not. The note says which and why.
+//   auto       dense when J is small; otherwise the accurate methods (matfree, lobpcg, qr) that
+//              apply and fit the memory budget, cheapest by estimated time first, each tried
+//              while the one before declines (plan.hpp; never gram, whose ε κ^2 is an
+//              estimate). Nothing within the budget: declined with the sizes, before any
+//              allocation. The note says which and why.
 //
 // All methods compute in double, whatever the scalar of the inputs.
 #pragma once
@@ -37,6 +38,7 @@
 #include "spectral_cond/conditioning/methods/iterative.hpp"
 #include "spectral_cond/conditioning/methods/lobpcg.hpp"
 #include "spectral_cond/conditioning/methods/matfree.hpp"
+#include "spectral_cond/conditioning/methods/plan.hpp"
 #include "spectral_cond/conditioning/methods/qr.hpp"
 
 namespace spectral_cond {
@@ -104,55 +106,71 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
       break;
   }
   // lobpcg where it answers, else qr (kappa_jacobian_lobpcg's comment says when it does not).
-  Mat<double> factor;  // J J^T's Cholesky factor when gram computed it, for lobpcg
   std::ostringstream why;
-  bool lobpcg_answered = false;
-  auto accurate = [&] {
-    ConditionResult<double> r =
-        detail::validated(in, detail::lobpcg_condition(in, jo, std::move(factor)), jo);
+  auto lobpcg_good = [&](const ConditionResult<double>& r) {
     // qr's accuracy is about ε κ: lobpcg's answer stands when it is within 100 ε κ or tol.
     const double good_enough = std::max(jo.tol, 100 * ScalarTraits<double>::eps() * r.kappa);
-    if (r.info == Info::Success && r.accuracy <= good_enough) {
-      lobpcg_answered = true;
-      why << "lobpcg answered";
-      return r;
-    }
+    if (r.info == Info::Success && r.accuracy <= good_enough) return true;
     if (r.info == Info::Success)
       why << "lobpcg's stated accuracy " << r.accuracy
-          << " exceeds max(tol, 100 eps kappa) = " << good_enough << ", so qr";
+          << " exceeds max(tol, 100 eps kappa) = " << good_enough;
     else
-      why << "lobpcg did not answer (" << r.note << "), so qr";
-    return qr();
+      why << "lobpcg did not answer (" << r.note << ")";
+    return false;
   };
+  auto lobpcg = [&] { return detail::validated(in, detail::lobpcg_condition(in, jo, {}), jo); };
   if (jo.method == JacobianKappaMethod::Lobpcg) {
-    ConditionResult<double> res = accurate();
-    if (!lobpcg_answered) res.note = why.str() + "; " + res.note;
+    ConditionResult<double> res = lobpcg();
+    if (lobpcg_good(res)) return res;
+    res = qr();
+    res.note = why.str() + ", so qr; " + res.note;
     return res;
   }
-  const Index rows = jacobian_rows(X.rows(), WV.cols());
-  const Index cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
+  // auto: the plan (plan.hpp) ranks the accurate methods by estimated time within the memory
+  // budget; each is tried in turn while the one before it declines.
+  KappaShape shape;
+  shape.N = X.rows();
+  shape.D = X.cols();
+  shape.d_k = WQ.cols();
+  shape.d_v = WV.cols();
+  const KappaPlan plan = plan_kappa_jacobian(shape, jo);
+  why << plan.why;
   ConditionResult<double> res;
-  // A Gram matrix and its factor, (N d_v)^2 doubles each.
-  const double square_bytes = 2.0 * 8.0 * static_cast<double>(rows) * static_cast<double>(rows);
-  const double budget = static_cast<double>(jo.resolved_memory_budget());
-  if (rows * cols > jo.dense_max_entries && rows <= cols && square_bytes > budget) {
-    res = detail::validated(in, detail::matfree_condition(in, jo), jo);
-    why << "auto chose matfree: two " << rows << " x " << rows << " matrices (" << square_bytes
-        << " bytes) exceed the memory budget of " << budget << " bytes";
-  } else if (rows * cols <= jo.dense_max_entries) {
-    res = kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
-    why << "auto chose dense: J has " << rows * cols << " <= " << jo.dense_max_entries
-        << " entries";
-  } else {
-    res = detail::validated(in, detail::gram_condition(in, jo, &factor), jo);
-    if (!detail::auto_keeps_gram(res, jo, why)) {
-      if (rows <= cols) {
-        res = accurate();
-      } else {
-        why << "J is tall, so qr";
+  if (plan.order.empty()) {
+    res.method = "auto";
+    res.info = Info::TooLarge;
+    res.sigma_max = res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus =
+        res.accuracy = std::numeric_limits<double>::quiet_NaN();
+    res.rank = -1;
+    res.note = why.str() + " (N = " + std::to_string(shape.N) + ", D = " +
+               std::to_string(shape.D) + ", d_k = " + std::to_string(shape.d_k) + ", d_v = " +
+               std::to_string(shape.d_v) + "): declined before allocating anything";
+    return res;
+  }
+  for (std::size_t i = 0; i < plan.order.size(); ++i) {
+    const JacobianKappaMethod m = plan.order[i].method;
+    if (i > 0) why << "; so " << to_string(m);
+    switch (m) {
+      case JacobianKappaMethod::Dense:
+        res = kappa_jacobian_dense<Scalar>(X, WQ, WK, WV, opts, jo);
+        break;
+      case JacobianKappaMethod::Matfree:
+        res = detail::validated(in, detail::matfree_condition(in, jo), jo);
+        break;
+      case JacobianKappaMethod::Lobpcg:
+        res = lobpcg();
+        break;
+      default:
         res = qr();
-      }
+        break;
     }
+    const bool answered = m == JacobianKappaMethod::Lobpcg
+                              ? lobpcg_good(res)
+                              : res.info == Info::Success || res.info == Info::Singular;
+    if (answered || i + 1 == plan.order.size()) break;
+    if (m != JacobianKappaMethod::Lobpcg)
+      why << "; " << to_string(m) << " did not answer (" << to_string(res.info) << ": "
+          << res.note << ")";
   }
   res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;
   return res;
