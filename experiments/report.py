@@ -138,7 +138,7 @@ def write_atomic(path: str, text_or_writer) -> None:
 
 def json_value(v):
     """The KappaMonitor log's encoding (+inf as "inf", NaN as null), numpy scalars as Python's."""
-    from spectral_cond.torch import _json_value
+    from spectral_cond._torch_monitor import _json_value
 
     if isinstance(v, (np.floating, np.integer, np.bool_)):
         v = v.item()

@@ -22,6 +22,7 @@ spectral_cond.torch has the paper's method for PyTorch models and a model analys
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -134,13 +135,18 @@ class Rope:
 
     pairing: 'rotate_half' (Hugging Face: pairs (j, j + dims/2)) or 'interleaved' (pairs
     (2j, 2j + 1)); theta: the frequency base (rope_theta); dims: rotated columns per head
-    (0: all); offset: the position of token 0.
+    (0: all); offset: the position of token 0. cos, sin: optional N x dims tables of the angles'
+    cosines and sines exactly as a model computes them (Hugging Face's position_embeddings: any
+    rope_type, any positions, scaled by an attention factor where the model does so); when
+    given, theta and offset are not used (MATH.md §10).
     """
 
     pairing: str = "rotate_half"
     theta: float = 10000.0
     dims: int = 0
     offset: int = 0
+    cos: Any = dataclasses.field(default=None, compare=False, repr=False)
+    sin: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 Biases = Optional[Tuple[Any, Any, Any]]
@@ -206,20 +212,26 @@ def kappa_jacobian(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
                    scale: Optional[float] = None, mask: Mask = None,
                    rtol: Optional[float] = None, progress: Progress = None, threads: int = 0,
                    block_cols: int = 0, seed: Optional[int] = None, biases: Biases = None,
-                   rope: Any = None, include_biases: bool = False) -> JacobianConditionResult:
+                   rope: Any = None, include_biases: bool = False,
+                   memory_budget: int = 0) -> JacobianConditionResult:
     """kappa(J) of one attention block, with the method used and its accuracy (MATH.md §12).
 
-    method: 'auto' (dense when small, else gram when its error eps*kappa^2 <= tol, else lobpcg
-    or qr; the note says which and why), 'dense', 'gram', 'iterative', 'lobpcg' or 'qr'.
-    threads: threads of qr's updates (0: all cores). block_cols: qr's streamed block width
-    (0: automatic). Computes in float64 whatever the inputs' dtype. biases, rope: attention as
-    trained models compute it (MATH.md §10); include_biases: J with respect to the weights and
-    the biases together, [J_W | J_b].
+    method: 'auto' (dense when small, else the accurate method, matfree, lobpcg or qr, with the
+    least estimated time within the memory budget, the next while one declines; the note says
+    which and why), 'dense', 'gram', 'iterative', 'lobpcg', 'matfree' or 'qr'. threads:
+    threads of qr's updates (0: all cores). block_cols: qr's streamed block width (0:
+    automatic). memory_budget: bytes the methods' large arrays may take (0: a quarter of the
+    machine's memory); where no accurate method fits, auto declines before allocating (info
+    'too_large', the sizes in the note). Computes in float64 whatever the inputs' dtype.
+    biases, rope: attention as trained models compute it (MATH.md §10); include_biases: J with
+    respect to the weights and the biases together, [J_W | J_b].
     """
     fn = "kappa_jacobian"
+    if not (isinstance(memory_budget, int) and memory_budget >= 0):
+        raise ValueError(f"{fn}: memory_budget must be an int >= 0 (got {memory_budget!r})")
     d = _core.kappa_jacobian(*_qkv(fn, X, WQ, WK, WV), method, tol, scale, as_mask(mask, fn),
                              rtol, threads, block_cols, seed, progress,
-                             as_extras(fn, biases, rope), include_biases)
+                             as_extras(fn, biases, rope), include_biases, memory_budget)
     return JacobianConditionResult(**d)
 
 

@@ -65,7 +65,8 @@ class ConditionResult(_Result):
 
     kappa is +inf when the rank is below min(m, n); kappa_plus = sigma_max / sigma_min_plus,
     sigma_min_plus the smallest singular value above rank_tol. accuracy: the estimated relative
-    error of sigma_min. info: 'success', 'singular', 'not_converging' or 'inaccurate'.
+    error of sigma_min. info: 'success', 'singular', 'not_converging', 'inaccurate' or
+    'too_large' (declined before allocating: no accurate method fits the memory budget).
     """
 
     sigma_max: float
@@ -141,6 +142,7 @@ class AttentionDiagnostics(_Result):
     collapsed: bool
     note: str
     free_bound: Optional[HypothesisFreeBound] = None
+    forced: int = 0  # rows whose mask leaves one key: one-hot by construction, not "saturated"
 
     _repr_fields = ("row_max_mean", "entropy_mean", "saturated_fraction", "ratio_QK_V",
                     "collapsed")

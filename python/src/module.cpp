@@ -94,7 +94,7 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
                            const nb::object& mask, std::optional<double> rtol, unsigned threads,
                            int64_t block_cols, std::optional<uint64_t> seed,
                            const nb::object& progress, const nb::object& extras,
-                           bool include_biases) {
+                           bool include_biases, uint64_t memory_budget) {
   constexpr const char* fn = "kappa_jacobian";
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
@@ -104,6 +104,7 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
     const AttentionOptions<S> o = attention_options<S>(fn, scale, mask, extras);
     JacobianKappaOptions jo = jacobian_options(fn, method, tol, rtol, threads, block_cols, seed);
     jo.include_biases = include_biases;
+    jo.memory_budget = memory_budget;
     Progress bridge(progress);
     jo.progress = bridge.function();
     const ConditionResult<double> r =
@@ -135,6 +136,7 @@ nb::dict diagnostics_dict(const AttentionDiagnostics& d) {
   out["saturated"] = int64_t(a.saturated);
   out["saturated_diagonal"] = int64_t(a.saturated_diagonal);
   out["saturated_fraction"] = a.saturated_fraction;
+  out["forced"] = int64_t(a.forced);
   const JacobianBlockNorms& n = d.norms;
   out["sigma_max_JQ"] = n.sigma_max_JQ;
   out["sigma_max_JK"] = n.sigma_max_JK;
@@ -353,6 +355,7 @@ NB_MODULE(_core, m) {
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("threads") = 0u,
         nb::arg("block_cols") = 0, nb::arg("seed") = none, nb::arg("progress") = none,
         nb::arg("extras") = none, nb::arg("include_biases") = false,
+        nb::arg("memory_budget") = uint64_t(0),
         "kappa(J) of one attention block (MATH.md §12), as a dict");
   m.def("theorem34", &theorem34_py, nb::arg("X"), nb::arg("WQ"), nb::arg("WK"), nb::arg("WV"),
         nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,

@@ -173,34 +173,50 @@ def test_bad_biases_and_rope_are_named():
 
 
 def test_analyze_model_uses_the_modules_biases_and_rope():
-    """A Llama-shaped module (q/k/v_proj with biases, as Qwen2 has, and rotary_emb with
-    config.rope_theta): analyze_model's kappa(J) per head is that of jacrev of the HF formula."""
+    """A Llama-shaped module (q/k/v_proj with biases, as Qwen2 has, given its RoPE angles as
+    Hugging Face passes them, position_embeddings = (cos, sin)): analyze_model's kappa(J) per
+    head is that of jacrev of the HF formula. Explicit angle tables through the binding too."""
     import spectral_cond.torch as sct
     from torch import nn
 
-    class Config:
-        rope_theta = 500.0
-        rope_scaling = None
-        num_attention_heads = 2
+    rope = sc.Rope("rotate_half", theta=500.0)
+    N, H, d = 6, 2, 4
+    inv = 1.0 / (500.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.outer(torch.arange(N, dtype=torch.float64), inv)
+    cos, sin = torch.cat([ang, ang], 1).cos(), torch.cat([ang, ang], 1).sin()
+
+    def rot(t):
+        return torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1)
 
     class Attn(nn.Module):
         def __init__(self):
             super().__init__()
-            self.config = Config()
-            self.num_heads, self.head_dim = 2, 4
+            self.num_heads, self.head_dim = H, d
             self.q_proj, self.k_proj, self.v_proj = (nn.Linear(8, 8) for _ in range(3))
-            self.rotary_emb = nn.Identity()
+
+        def forward(self, hidden_states, position_embeddings):
+            c, s_ = position_embeddings
+            B = hidden_states.shape[0]
+            sp = lambda t: t.view(B, N, H, d).transpose(1, 2)
+            q, k, v = (sp(f(hidden_states)) for f in (self.q_proj, self.k_proj, self.v_proj))
+            q, k = q * c + rot(q) * s_, k * c + rot(k) * s_
+            p = torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1)
+            return (p @ v).transpose(1, 2).reshape(B, N, H * d)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attn()
 
         def forward(self, x):
-            return self.q_proj(x) + self.k_proj(x) + self.v_proj(x)
+            return self.attn(x, position_embeddings=(cos[None], sin[None]))
 
     torch.manual_seed(0)
-    model = nn.Sequential(Attn()).double()
-    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    model = Model().double()
+    x = torch.randn(1, N, 8, dtype=torch.float64)
     res = sct.analyze_model(model, x)
-    m = model[0]
+    m = model.attn
     X = x[0]
-    rope = sc.Rope("rotate_half", theta=500.0)
     for r in res:
         h = r.head
         sl = slice(4 * h, 4 * h + 4)
@@ -209,5 +225,26 @@ def test_analyze_model_uses_the_modules_biases_and_rope():
         jac = torch.func.jacrev(
             lambda wq, wk, wv: hf_attention(X, wq, wk, wv, *b, rope, 0.5), argnums=(0, 1, 2))(*w)
         s = np.linalg.svd(column_major(jac, 6, 4), compute_uv=False)
+        assert r.info == "success" and r.verify_error <= 1e-12, r.note
         assert r.rope and r.has_bias and "biases and RoPE" in r.note
         assert r.kappa_J == pytest.approx(s[0] / s[-1], rel=1e-9)
+        # The same through explicit tables: the binding's Rope(cos=, sin=).
+        wq, wk, wv = (t.numpy() for t in w)
+        tab = sc.Rope("rotate_half", cos=cos.numpy(), sin=sin.numpy())
+        k = sc.kappa_jacobian(X.numpy(), wq, wk, wv, scale=0.5, biases=tuple(t.numpy() for t in b),
+                              rope=tab, method="dense")
+        assert k.kappa == pytest.approx(s[0] / s[-1], rel=1e-9)
+
+
+def test_rope_tables_are_checked():
+    X = np.random.default_rng(2).standard_normal((5, 4))
+    W = np.random.default_rng(3).standard_normal((4, 4))
+    with pytest.raises(ValueError, match="one row per token, N = 5"):
+        sc.attention(X, W, W, W, rope=sc.Rope(cos=np.ones((4, 4)), sin=np.zeros((4, 4))))
+    with pytest.raises(ValueError, match="same shape"):
+        sc.attention(X, W, W, W, rope=sc.Rope(cos=np.ones((5, 4)), sin=np.zeros((5, 2))))
+    with pytest.raises(ValueError, match="given together"):
+        sc.attention(X, W, W, W, rope=sc.Rope(cos=np.ones((5, 4))))
+    # Identity tables (cos 1, sin 0) are no rotation at all.
+    A = sc.attention(X, W, W, W, rope=sc.Rope(cos=np.ones((5, 4)), sin=np.zeros((5, 4))))
+    np.testing.assert_allclose(A, sc.attention(X, W, W, W), rtol=0, atol=1e-15)
