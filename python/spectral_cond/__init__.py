@@ -238,15 +238,22 @@ def kappa_jacobian(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
 def theorem34(X, WQ, WK, WV, method: str = "auto", tol: float = 1e-6,
               scale: Optional[float] = None, mask: Mask = None, rtol: Optional[float] = None,
               blocks: bool = True, progress: Progress = None,
-              threads: int = 0, biases: Biases = None, rope: Any = None) -> Theorem34Report:
+              threads: int = 0, biases: Biases = None, rope: Any = None,
+              jacobian: Optional[JacobianConditionResult] = None) -> Theorem34Report:
     """Theorem 3.4 term by term: kappa and kappa_plus of X, Lambda, W_Q, W_K, W_V, P and J, the
     bound with plain kappa (+inf: Lambda is always singular) and with kappa_plus, and the
     verdict (MATH.md §5). With ``biases`` or ``rope`` every term and kappa(J) are those of the
     block with them, and the bound is not applicable (``bound_applies`` False, the bound NaN;
-    MATH.md §10): the theorem is stated without them."""
+    MATH.md §10): the theorem is stated without them. ``jacobian``: kappa(J) of these inputs
+    already computed (a kappa_jacobian result), used as is instead of computing it again."""
     fn = "theorem34"
+    given = None
+    if jacobian is not None:
+        keys = ("sigma_max", "sigma_min", "kappa", "sigma_min_plus", "kappa_plus", "rank",
+                "rank_tol", "method", "accuracy", "iterations", "residual", "info", "note")
+        given = {k: getattr(jacobian, k) for k in keys}
     d = _core.theorem34(*_qkv(fn, X, WQ, WK, WV), method, tol, scale, as_mask(mask, fn), rtol,
-                        blocks, threads, progress, as_extras(fn, biases, rope))
+                        blocks, threads, progress, as_extras(fn, biases, rope), given)
     for k in ("X", "Lambda", "WQ", "WK", "WV", "P", "J", "JQ", "JK", "JV"):
         d[k] = condition(d[k])
     free = d.pop("free_bound")

@@ -70,6 +70,7 @@ class HeadAnalysis(_Result):
     mask: str = "none"
     verify_error: float = float("nan")
     seconds: float = 0.0
+    theorem34: Optional[Any] = None  # Theorem34Report, with analyze_model(theorem34=True)
 
     _repr_fields = ("layer", "head", "kappa_WQ", "kappa_WK", "kappa_WV", "kappa_J", "method",
                     "accuracy", "info")
@@ -80,6 +81,8 @@ class HeadAnalysis(_Result):
         d = self.to_dict()
         d.pop("jacobian")
         d.pop("diagnostics")
+        t = d.pop("theorem34")
+        d["theorem34"] = _theorem34_verdict(self.theorem34) if t is not None else None
         g = self.diagnostics
         nan = float("nan")
         d["row_max_mean"] = g.row_max_mean if g else nan
@@ -89,6 +92,17 @@ class HeadAnalysis(_Result):
         d["collapsed"] = g.collapsed if g else None
         d["free_bound"] = g.free_bound.bound if g and g.free_bound else nan
         return d
+
+
+def _theorem34_verdict(t) -> str:
+    """One word for a head's Theorem 3.4 report (MATH.md §5): 'not_applicable' (biases, RoPE or
+    a mask: the theorem is stated without them), 'vacuous' (its bound with kappa_plus is +inf),
+    'holds' or 'fails'."""
+    if not t.bound_applies:
+        return "not_applicable"
+    if not math.isfinite(t.bound_plus):
+        return "vacuous"
+    return "holds" if t.holds_plus else "fails"
 
 
 # A head counts as saturated in the summary when more than this share of its rows are (MATH.md
@@ -131,6 +145,7 @@ class ModelAnalysis(list):
                 saturated=sum(1 for g in diags if g.saturated_fraction > SATURATED_SHARE),
                 bound_vacuous=sum(1 for g in diags if g.free_bound is not None
                                   and math.isinf(g.free_bound.bound)),
+                theorem34=_count_verdicts(rs),
                 declined=sum(1 for r in rs if r.info == "declined"),
                 failed=sum(1 for r in rs if r.info == "failed"),
                 not_answered=len(bad),
@@ -139,11 +154,20 @@ class ModelAnalysis(list):
         return ModelSummary(rows)
 
 
+def _count_verdicts(rs) -> str:
+    """'holds 3, vacuous 1' over the heads with a Theorem 3.4 report, '' without any."""
+    from collections import Counter
+
+    c = Counter(_theorem34_verdict(r.theorem34) for r in rs if r.theorem34 is not None)
+    return ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+
+
 class ModelSummary:
     """ModelAnalysis.summary(): `rows` (one dict per layer), to_pandas(), and a table as str()."""
 
     COLUMNS = ("layer", "call", "heads", "answered", "median_kappa_J", "worst_kappa_J",
-               "singular", "collapsed", "saturated", "bound_vacuous", "declined", "failed")
+               "singular", "collapsed", "saturated", "bound_vacuous", "theorem34", "declined",
+               "failed")
 
     def __init__(self, rows: List[dict]):
         self.rows = rows
@@ -155,7 +179,8 @@ class ModelSummary:
 
     def __str__(self) -> str:
         shown = [c for c in self.COLUMNS
-                 if c != "call" or any(r["call"] for r in self.rows)]
+                 if (c != "call" or any(r["call"] for r in self.rows))
+                 and (c != "theorem34" or any(r["theorem34"] for r in self.rows))]
         head = {"median_kappa_J": "median κ(J)", "worst_kappa_J": "worst κ(J)",
                 "bound_vacuous": "bound=inf"}
         cells = [[head.get(c, c) for c in shown]]
@@ -171,7 +196,8 @@ class ModelSummary:
             lines.extend("  " + s for s in reasons)
         lines.append("saturated: more than 1% of rows with a weight above 1 - 1e-6; collapsed: "
                      "P = I, query/key gradients dead (MATH.md §11); bound=inf: the bound without "
-                     "hypothesis is vacuous (MATH.md §5)")
+                     "hypothesis is vacuous (MATH.md §5); theorem34 (with theorem34=True): its "
+                     "bound with kappa_plus per head, not_applicable with biases, RoPE or masks")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -201,6 +227,19 @@ def _mask_name(mask) -> str:
     if mask is None:
         return "none"
     return mask if isinstance(mask, str) else "additive"
+
+
+def head_theorem34(hm: HeadModel, J, method: str, tol: float):
+    """Theorem 3.4's report for the head with its kappa(J) reused (None where it cannot be had),
+    and a note when it failed."""
+    if J is None or J.info not in ("success", "singular") or J.method == "structure":
+        return None, None
+    try:
+        return sc.theorem34(hm.X, hm.wq, hm.wk, hm.wv, method=method, tol=tol, scale=hm.scale,
+                            mask=hm.mask, biases=hm.biases, rope=hm.rope, blocks=False,
+                            jacobian=J), None
+    except (RuntimeError, MemoryError, ValueError, ArithmeticError) as e:
+        return None, f"theorem34 not computed ({type(e).__name__}: {e})"
 
 
 def head_kappa(hm: HeadModel, method: str, tol: float, diagnostics: bool,
@@ -281,7 +320,8 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                   layers: Optional[Iterable[int]] = None,
                   progress: Optional[Callable[[float], Any]] = None,
                   diagnostics: bool = True, calls: str = "all",
-                  check: bool = True, memory_budget: int = 0) -> ModelAnalysis:
+                  check: bool = True, memory_budget: int = 0,
+                  theorem34: bool = False) -> ModelAnalysis:
     """Runs `model` on `inputs` (a tensor, a tuple of positional arguments, or a dict of keyword
     arguments) in eval mode without gradients, captures each attention module's arguments by
     hooks, and returns per layer and head kappa(W_Q), kappa(W_K), kappa(W_V) (the head's D x d
@@ -301,8 +341,10 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
     `progress` is called with the fraction of heads done. `memory_budget` (bytes, 0: a quarter
     of the machine's memory) bounds each kappa(J) computation; a head that no accurate method
     can take within it is declined from its shapes before anything is allocated (info
-    'too_large', the sizes in the note). With jacobian=False the model is not run (`inputs` is
-    not used) and N is 0.
+    'too_large', the sizes in the note). With `theorem34`, each answered head also gets
+    Theorem 3.4 term by term (MATH.md §5; its kappa(J) reused), and the summary counts where the
+    bound holds, fails, is vacuous or does not apply. With jacobian=False the model is not run
+    (`inputs` is not used) and N is 0.
     """
     fn = "analyze_model"
     check_arguments(fn, method, tol, mask, sample)
@@ -349,6 +391,11 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                 t0 = _now()
                 J, diag, info, hnotes = head_kappa(hm, method, tol, diagnostics,
                                                    memory_budget=memory_budget)
+                t34 = None
+                if theorem34:
+                    t34, why = head_theorem34(hm, J, method, tol)
+                    if why:
+                        hnotes = hnotes + [why]
                 notes = base + cnotes + hnotes
                 if info == "failed":
                     notes = base + [f"{where}, head {hm.head}: {hnotes[0]}"]
@@ -369,7 +416,7 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
                     info=info, has_bias=s.has_bias, rope=hm.rope is not None,
                     note="; ".join(notes), jacobian=J, diagnostics=diag, call=c_index,
                     mask=_mask_name(hm.mask), verify_error=hm.verify_error,
-                    seconds=_now() - t0))
+                    seconds=_now() - t0, theorem34=t34))
                 done += 1
                 if progress is not None:
                     progress(done / total)

@@ -328,6 +328,40 @@ nb::dict to_dict(const ConditionResult<Scalar>& r) {
   return d;
 }
 
+/// A ConditionResult from the dict to_dict writes (a κ(J) the caller already has), for
+/// theorem34's `jacobian`; TypeError naming `fn` when a key is missing or of the wrong type.
+inline ConditionResult<double> condition_from_dict(const char* fn, const nb::dict& d) {
+  ConditionResult<double> r;
+  try {
+    r.sigma_max = nb::cast<double>(d["sigma_max"]);
+    r.sigma_min = nb::cast<double>(d["sigma_min"]);
+    r.kappa = nb::cast<double>(d["kappa"]);
+    r.sigma_min_plus = nb::cast<double>(d["sigma_min_plus"]);
+    r.kappa_plus = nb::cast<double>(d["kappa_plus"]);
+    r.rank = nb::cast<int64_t>(d["rank"]);
+    r.rank_tol = nb::cast<double>(d["rank_tol"]);
+    r.method = nb::cast<std::string>(d["method"]);
+    r.accuracy = nb::cast<double>(d["accuracy"]);
+    r.iterations = nb::cast<int64_t>(d["iterations"]);
+    r.residual = nb::cast<double>(d["residual"]);
+    r.note = nb::cast<std::string>(d["note"]);
+    const std::string info = nb::cast<std::string>(d["info"]);
+    bool known = false;
+    for (Info i : {Info::Success, Info::Singular, Info::NotConverging, Info::InvalidInput,
+                   Info::Inaccurate, Info::TooLarge})
+      if (info == to_string(i)) {
+        r.info = i;
+        known = true;
+      }
+    if (!known) type_error(fn, "jacobian: unknown info '" + info + "'");
+  } catch (const nb::cast_error&) {
+    type_error(fn, "jacobian must be a kappa_jacobian result of the same inputs");
+  } catch (const nb::python_error&) {
+    type_error(fn, "jacobian must be a kappa_jacobian result of the same inputs");
+  }
+  return r;
+}
+
 /// An InvalidInput result is bad input in Python: ValueError with the library's note.
 template <typename Scalar>
 void raise_if_invalid(const char* fn, const ConditionResult<Scalar>& r) {

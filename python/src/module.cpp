@@ -193,8 +193,15 @@ nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& 
 nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
                       const std::string& method, double tol, std::optional<double> scale,
                       const nb::object& mask, std::optional<double> rtol, bool blocks,
-                      unsigned threads, const nb::object& progress, const nb::object& extras) {
+                      unsigned threads, const nb::object& progress, const nb::object& extras,
+                      const nb::object& jacobian) {
   constexpr const char* fn = "theorem34";
+  std::optional<ConditionResult<double>> given;
+  if (!jacobian.is_none()) {
+    if (!nb::isinstance<nb::dict>(jacobian))
+      type_error(fn, "jacobian must be a kappa_jacobian result (or None)");
+    given = condition_from_dict(fn, nb::cast<nb::dict>(jacobian));
+  }
   const Dtype d = check_same_dtype(fn, {{"X", &X}, {"W_Q", &WQ}, {"W_K", &WK}, {"W_V", &WV}});
   return dispatch(d, [&](auto tag) {
     using S = decltype(tag);
@@ -205,6 +212,7 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
     bo.jacobian = jacobian_options(fn, method, tol, rtol, threads, 0, std::nullopt);
     if (rtol) bo.rtol = *rtol;
     bo.blocks = blocks;
+    if (given) bo.jacobian_result = &*given;
     Progress bridge(progress);
     bo.jacobian.progress = bridge.function();
     const Theorem34Report r = bridge.run([&] { return theorem34<S>(x, wq, wk, wv, o, bo); });
@@ -361,7 +369,7 @@ NB_MODULE(_core, m) {
         nb::arg("method") = "auto", nb::arg("tol") = 1e-6, nb::arg("scale") = none,
         nb::arg("mask") = none, nb::arg("rtol") = none, nb::arg("blocks") = true,
         nb::arg("threads") = 0u, nb::arg("progress") = none, nb::arg("extras") = none,
-        "Every term of Theorem 3.4 (MATH.md §5), as a dict");
+        nb::arg("jacobian") = none, "Every term of Theorem 3.4 (MATH.md §5), as a dict");
   m.def("attention_diagnostics", &attention_diagnostics_py, nb::arg("X"), nb::arg("WQ"),
         nb::arg("WK"), nb::arg("WV"), nb::arg("scale") = none, nb::arg("mask") = none,
         nb::arg("extras") = none,

@@ -168,3 +168,32 @@ def test_torch_save_of_the_whole_model_is_refused_with_the_way_out(tmp_path):
     torch.save(model, tmp_path / "m.pt")  # a plain model again
     state = model.state_dict()
     assert not any("parametrizations" in k for k in state)
+
+
+def test_theorem34_per_head_reuses_kappa_J_and_the_summary_counts_verdicts():
+    torch.manual_seed(4)
+    mha = nn.MultiheadAttention(8, 2, bias=False, batch_first=True)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    x = torch.randn(1, 5, 8)
+    res = sct.analyze_model(M(), x, theorem34=True)
+    W = mha.in_proj_weight.detach().double().numpy()
+    for r in res:
+        cols = [slice(j * 8 + 4 * r.head, j * 8 + 4 * r.head + 4) for j in range(3)]
+        t = sc.theorem34(x[0].double().numpy(), *(W[c].T for c in cols))  # computes kappa(J)
+        assert r.theorem34.bound_applies and t.bound_applies
+        assert r.theorem34.bound_plus == pytest.approx(t.bound_plus, rel=1e-8)
+        assert r.theorem34.J.kappa == r.kappa_J  # reused, not recomputed
+    counts = res.summary().rows[0]["theorem34"]
+    assert counts and sum(int(w.split()[-1]) for w in counts.split(", ")) == 2
+    assert "theorem34" in str(res.summary())
+    # With RoPE and a causal mask the theorem is not stated: not_applicable.
+    dec = sct.analyze_model(llama(), {"input_ids": IDS}, theorem34=True, diagnostics=False)
+    assert all(r.flat()["theorem34"] == "not_applicable" for r in dec if r.info == "success")
