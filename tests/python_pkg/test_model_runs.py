@@ -197,3 +197,25 @@ def test_theorem34_per_head_reuses_kappa_J_and_the_summary_counts_verdicts():
     # With RoPE and a causal mask the theorem is not stated: not_applicable.
     dec = sct.analyze_model(llama(), {"input_ids": IDS}, theorem34=True, diagnostics=False)
     assert all(r.flat()["theorem34"] == "not_applicable" for r in dec if r.info == "success")
+
+
+@pytest.mark.parametrize("placement", ["fused", "per-head"])
+def test_spectral_conditioning_on_gpt2_conv1d_and_neox_fused_rows(placement):
+    """C lands on each projection's own columns of GPT-2's D x 3D Conv1D weight, and on each
+    head's own rows of GPT-NeoX's per-head [q, k, v] layout."""
+    torch.manual_seed(5)
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1,
+                                                          n_head=4))
+    sct.spectral_conditioning(gpt2, lam=2.0, placement=placement)
+    C = gpt2.h[0].attn.c_attn.parametrizations.weight[0].C  # D x 3D, columns Q, K, V
+    E = sc.lambda_identity(32, 4, 8, placement)
+    for j in range(3):
+        np.testing.assert_array_equal(C[:, 32 * j:32 * (j + 1)].numpy(), 2.0 * E)
+    neox = transformers.GPTNeoXModel(transformers.GPTNeoXConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4))
+    sct.spectral_conditioning(neox, lam=2.0, placement=placement)
+    V = neox.layers[0].attention.query_key_value.parametrizations.weight[0].C  # 3D x D
+    for j in range(3):  # rows of head h's q (j = 0), k (1), v (2): [24 h + 8 j, 24 h + 8 j + 8)
+        rows = np.concatenate([np.arange(24 * h + 8 * j, 24 * h + 8 * j + 8) for h in range(4)])
+        np.testing.assert_array_equal(V[rows].T.numpy(), 2.0 * E)
