@@ -59,6 +59,7 @@ TEST_CASE("GPT-2, Hugging Face BERT/ViT, Llama with grouped-query K/V, torch MHA
   CHECK(g.layout == Layout::Gpt2);
   CHECK_FALSE(g.layers[0].q.transposed);
   CHECK(g.layers[0].v.offset == 128);
+  CHECK(g.layers[0].causal);  // a decoder layout
 
   auto b = detect_layers(names({{"bert.encoder.layer.3.attention.self.query.weight", {32, 32}},
                                 {"bert.encoder.layer.3.attention.self.key.weight", {32, 32}},
@@ -66,6 +67,7 @@ TEST_CASE("GPT-2, Hugging Face BERT/ViT, Llama with grouped-query K/V, torch MHA
                                 {"bert.encoder.layer.3.attention.self.query.bias", {32}}}),
                          Layout::Auto, "bert");
   CHECK(b.layout == Layout::HfBert);
+  CHECK_FALSE(b.layers[0].causal);
   CHECK(b.layers[0].index == 3);
   CHECK(b.layers[0].k.tensor == "bert.encoder.layer.3.attention.self.key.weight");
 
@@ -174,6 +176,18 @@ TEST_CASE("config.json: Hugging Face and GPT-2 names") {
     f << R"({"n_head": "twelve"})";
   }
   CHECK_THROWS_AS(read_head_config(path), IoError);
+  // A config that names a causal language model makes analyze --mask auto causal.
+  CHECK_FALSE(head_config_from_json(nlohmann::json::parse(R"({"n_head": 2})"), "c").causal_lm);
+  CHECK(head_config_from_json(nlohmann::json::parse(R"({"is_decoder": true})"), "c").causal_lm);
+  CHECK(head_config_from_json(
+            nlohmann::json::parse(R"({"architectures": ["MistralForCausalLM"]})"), "c")
+            .causal_lm);
+  CHECK(head_config_from_json(nlohmann::json::parse(R"({"architectures": ["GPT2LMHeadModel"]})"),
+                              "c")
+            .causal_lm);
+  CHECK_FALSE(head_config_from_json(
+                  nlohmann::json::parse(R"({"architectures": ["BertForMaskedLM"]})"), "c")
+                  .causal_lm);
   {
     std::ofstream f(path);
     f << "{not json";
@@ -329,6 +343,8 @@ TEST_CASE("T5 and Whisper: two stacks, self- and cross-attention, numbered in mo
     CHECK(t.layers[static_cast<std::size_t>(i)].prefix == prefixes[i]);
     CHECK(t.layers[static_cast<std::size_t>(i)].cross == (i == 3 || i == 5));
     CHECK(t.layers[static_cast<std::size_t>(i)].unscaled);
+    // The decoder's self-attention is causal (analyze --mask auto); the rest is not.
+    CHECK(t.layers[static_cast<std::size_t>(i)].causal == (i == 2 || i == 4));
   }
 
   std::vector<NamedShape> w;
@@ -347,6 +363,7 @@ TEST_CASE("T5 and Whisper: two stacks, self- and cross-attention, numbered in mo
   CHECK(wm.layers[2].cross);
   CHECK_FALSE(wm.layers[1].cross);
   CHECK_FALSE(wm.layers[0].unscaled);
+  CHECK((!wm.layers[0].causal && wm.layers[1].causal && !wm.layers[2].causal));
   // Asked for llama, the same file gives the self-attention layers only.
   auto lm = detect_layers(w, Layout::Llama, "whisper");
   CHECK(lm.layers.size() == 2);

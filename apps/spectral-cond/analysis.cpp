@@ -89,7 +89,7 @@ class CheckpointAnalysis {
     rep_.kind = src_.format();
     rep_.lambda = o_.lambda;
     rep_.target = o_.target;
-    rep_.causal = o_.causal;
+    rep_.mask = o_.mask;
     if (o_.scale) rep_.scale = *o_.scale;
     const io::LayerMap map = io::parse_layer_map(o_.map);
     match_ = io::detect_layers(src_.layout_view(&map), io::parse_layout(o_.layout), path_, &map);
@@ -355,7 +355,9 @@ class CheckpointAnalysis {
     job.model = &ls.model;
     job.ao.scale = o_.scale;
     if (!o_.scale && L.unscaled) job.ao.scale = 1.0;
-    job.ao.mask = o_.causal ? MaskKind::Causal : MaskKind::None;
+    ls.causal = o_.mask == "causal" ||
+                (o_.mask == "auto" && (L.causal || (rep_.head_config.causal_lm && !L.cross)));
+    job.ao.mask = ls.causal ? MaskKind::Causal : MaskKind::None;
     job.bo.blocks = o_.blocks;
     job.bo.jacobian.method = o_.method;
     job.bo.jacobian.tol = o_.tol;

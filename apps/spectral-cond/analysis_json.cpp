@@ -122,6 +122,7 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
                         {"W_V", matrix_json(L.v, D, L.spec.v.width)}};
     l["attention"] = L.spec.cross ? "cross" : "self";
     if (L.tokens > 0) l["tokens"] = L.tokens;
+    if (L.jacobian_analyzed) l["mask"] = L.causal ? "causal" : "none";
     if (!L.shared_by.empty()) l["shared_by"] = L.shared_by;
     if (!L.note.empty()) l["note"] = L.note;
     if (!L.per_head.empty()) {
@@ -151,7 +152,7 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
           {"tokens", rep.tokens},
           {"inputs", rep.inputs},
           {"scale", json_number(rep.scale)},
-          {"mask", rep.causal ? "causal" : "none"},
+          {"mask", rep.mask},
           {"layers", layers}};
 }
 

@@ -37,7 +37,9 @@ struct AnalysisOptions {
   JacobianKappaMethod method = JacobianKappaMethod::Auto;
   double tol = 1e-6;
   std::optional<double> scale;  ///< logit scale; none: 1/sqrt(d_k)
-  bool causal = false;
+  /// The mask of κ(J): "auto" (causal for decoder self-attention, by the layout or a config that
+  /// names a causal language model; none otherwise), "none" or "causal".
+  std::string mask = "auto";
   bool blocks = false;            ///< also κ(J_Q), κ(J_K), κ(J_V)
   IndexSelection jacobian_heads;  ///< heads for κ(J); empty: all
   bool verbose = false;           ///< log every tensor read on stderr
@@ -119,6 +121,7 @@ struct LayerStats {
   std::string note;                ///< what the analysis of this layer left out, and why
   bool jacobian_analyzed = false;  ///< κ(J) was asked for this layer (some of its heads may be
                                    ///< in other shards)
+  bool causal = false;             ///< κ(J) with the causal mask
 };
 
 struct CheckpointReport {
@@ -131,7 +134,7 @@ struct CheckpointReport {
   Index tokens = 0;    ///< the largest N of the layers' X for κ(J) (0: no Jacobian)
   std::string inputs;  ///< "X.npy" or "synthetic (seed S)"
   double scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN: 1/sqrt(d_k)
-  bool causal = false;
+  std::string mask = "auto";  ///< the --mask asked for; each layer's is LayerStats::causal
   std::vector<LayerStats> layers;
 };
 

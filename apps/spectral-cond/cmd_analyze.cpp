@@ -5,7 +5,7 @@
 //   spectral-cond analyze CHECKPOINT... [--layout auto|torch-mha|timm|hf-bert|gpt2|llama]
 //        [--heads H] [--kv-heads G] [--lambda 10] [--target T] [--per-head] [--layers 0,3,5-7]
 //        [--jacobian [--inputs X.npy | --tokens 64 --seed 0] [--method auto|dense|gram|
-//         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask none|causal] [--blocks]
+//         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask auto|none|causal] [--blocks]
 //         [--jacobian-heads 0,1] [--no-biases] [--rope auto|none|rotate_half|interleaved]
 //         [--rope-theta T] [--rope-dims R]]
 //        [--jobs N] [--shard I/N]
@@ -42,7 +42,7 @@ namespace {
 struct AnalyzeArgs {
   std::vector<std::string> checkpoints;
   AnalysisOptions opts;
-  std::string method = "auto", mask = "none", jacobian_heads;
+  std::string method = "auto", mask = "auto", jacobian_heads;
   double target = 0;
   double scale = 0;
   std::string format = "table", out, device = "cpu", shard;
@@ -94,7 +94,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeD
   o.method = parse_jacobian_kappa_method(a.method);
   require_device(a.device, o.method);
   o.device = a.device;
-  o.causal = a.mask == "causal";
+  o.mask = a.mask;
   o.jacobian_heads = IndexSelection::parse(a.jacobian_heads, "--jacobian-heads");
 
   // Before anything is computed: --out may replace only a regular file that is no input (the
@@ -163,8 +163,10 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
                   "iterative, qr, lobpcg, matfree")
       ->check(CLI::IsMember({"auto", "dense", "gram", "iterative", "qr", "lobpcg", "matfree"}));
   cmd->add_option("--scale", a->scale, "logit scale c (default 1/sqrt(d_k))");
-  cmd->add_option("--mask", a->mask, "mask for --jacobian: none (default) or causal")
-      ->check(CLI::IsMember({"none", "causal"}));
+  cmd->add_option("--mask", a->mask,
+                  "mask for --jacobian: auto (default: causal for decoder self-attention, by "
+                  "the layout or config.json), none or causal")
+      ->check(CLI::IsMember({"auto", "none", "causal"}));
   cmd->add_option("--jacobian-heads", a->jacobian_heads, "heads for --jacobian (default all)");
   cmd->add_option("--format", a->format, "table (default), json or csv")
       ->check(CLI::IsMember({"table", "json", "csv"}));

@@ -53,10 +53,10 @@ def rope_tables(N, d, pairing, theta, dims):
     return rd, cos, sin, rot
 
 
-def attention_qkv(q, k, v, c, rope=None):
-    """softmax(c q~ k~^T) v from the biased q, k, v (..., N, d), RoPE written as Hugging Face
-    (rotate_half) and GPT-J (interleaved) write it; complex-safe (no conjugation, no max
-    subtraction), batched over leading axes."""
+def attention_qkv(q, k, v, c, rope=None, causal=False):
+    """softmax(c q~ k~^T + M) v from the biased q, k, v (..., N, d), RoPE written as Hugging Face
+    (rotate_half) and GPT-J (interleaved) write it, M causal or 0; complex-safe (no conjugation,
+    no max subtraction), batched over leading axes."""
     if rope is not None:
         rd, cos, sin, rot = rope_tables(q.shape[-2], q.shape[-1], *rope)
 
@@ -65,10 +65,13 @@ def attention_qkv(q, k, v, c, rope=None):
             return np.concatenate([xr * cos + rot(xr) * sin, x[..., rd:]], axis=-1)
         q, k = apply(q), apply(k)
     E = np.exp(c * (q @ np.swapaxes(k, -1, -2)))
+    if causal:  # exp(-inf) = 0 above the diagonal
+        N = E.shape[-1]
+        E = np.where(np.tril(np.ones((N, N), dtype=bool)), E, 0)
     return (E / E.sum(axis=-1, keepdims=True)) @ v
 
 
-def jacobian(X, WQ, WK, WV, bq=None, bk=None, bv=None, rope=None, c=None):
+def jacobian(X, WQ, WK, WV, bq=None, bk=None, bv=None, rope=None, c=None, causal=False):
     """J = d vec(A) / d [vec W_Q, vec W_K, vec W_V] (column-major vec, MATH.md §1) by the complex
     step, exact to rounding (attention is analytic in W), batched over J's columns: W[a, b] +=
     i h moves column b of X W by i h x_a, so the columns a + D b of a block come from one batch."""
@@ -83,7 +86,7 @@ def jacobian(X, WQ, WK, WV, bq=None, bk=None, bv=None, rope=None, c=None):
             P = np.broadcast_to(M[which].astype(complex), (D, N, M[which].shape[1])).copy()
             P[:, :, b] += 1j * h * X.T
             qkv = [P if w == which else M[w][None] for w in range(3)]
-            A = attention_qkv(*qkv, c, rope)
+            A = attention_qkv(*qkv, c, rope, causal)
             cols.append((A.imag / h).transpose(0, 2, 1).reshape(D, -1))  # vec(A) column-major
         blocks.append(np.concatenate(cols, axis=0))
     return np.concatenate(blocks, axis=0).T
@@ -119,17 +122,20 @@ class Base(unittest.TestCase):
             np.save(xp, X)
         return p, xp
 
-    def check_heads(self, L, X, heads, kv_heads, d, WQ, WK, WV, bq, bk, bv, rope, tol=1e-9):
-        """Every head's kappa(J) against the reference, with the head's slices of W and b."""
+    def check_heads(self, L, X, heads, kv_heads, d, WQ, WK, WV, bq, bk, bv, rope, tol=1e-9,
+                    causal=True):
+        """Every head's kappa(J) against the reference, with the head's slices of W and b. The
+        models here are decoders: --mask auto makes their self-attention causal."""
         group = heads // kv_heads
         self.assertEqual(len(L["jacobian"]), heads)
+        self.assertEqual(L["mask"], "causal" if causal else "none")
         for J in L["jacobian"]:
             h = J["head"]
             g = h // group
             sq, sk = slice(h * d, (h + 1) * d), slice(g * d, (g + 1) * d)
             ref = kappa(jacobian(X, WQ[:, sq], WK[:, sk], WV[:, sk],
                                  None if bq is None else bq[sq], None if bk is None else bk[sk],
-                                 None if bv is None else bv[sk], rope))
+                                 None if bv is None else bv[sk], rope, causal=causal))
             got = float(J["J"]["kappa"])
             with self.subTest(head=h):
                 self.assertLessEqual(abs(got - ref), tol * ref, f"head {h}: {got} vs {ref}")

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -25,6 +26,9 @@ struct HeadConfig {
   std::int64_t hidden = 0;         ///< D when the config states it, else 0
   std::int64_t hidden_layers = 0;  ///< num_hidden_layers (ALBERT's shared layers), else 0
   std::int64_t hidden_groups = 0;  ///< num_hidden_groups (ALBERT), else 0
+  /// The config names a decoder-only language model ("is_decoder": true, or an architecture
+  /// ending in ForCausalLM or LMHeadModel): its self-attention is causal.
+  bool causal_lm = false;
   std::string source;              ///< where the numbers came from, for reports
 };
 
@@ -48,6 +52,17 @@ inline HeadConfig head_config_from_json(const nlohmann::json& j, const std::stri
   c.hidden = get({"hidden_size", "n_embd", "embed_dim"});
   c.hidden_layers = get({"num_hidden_layers", "n_layer", "num_layers"});
   c.hidden_groups = get({"num_hidden_groups"});
+  if (auto it = j.find("is_decoder"); it != j.end() && it->is_boolean() && it->get<bool>())
+    c.causal_lm = true;
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array())
+    for (const auto& a : *it)
+      if (a.is_string()) {
+        const std::string n = a.get<std::string>();
+        for (const char* tail : {"ForCausalLM", "LMHeadModel"})
+          if (n.size() >= std::strlen(tail) &&
+              n.compare(n.size() - std::strlen(tail), std::strlen(tail), tail) == 0)
+            c.causal_lm = true;
+      }
   c.source = path;
   return c;
 }

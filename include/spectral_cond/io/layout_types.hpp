@@ -113,6 +113,9 @@ struct AttentionLayerSpec {
   bool shared = false;      ///< one set of weights used by several layers (ALBERT)
   std::int64_t group = -1;  ///< a shared layer's group (ALBERT's albert_layer_groups.g), else -1
   bool unscaled = false;    ///< logits not divided by sqrt(d_k) (T5 folds it into W_Q)
+  /// Decoder self-attention: causal by the layout (GPT-2, Llama, GGUF, GPT-NeoX, Falcon, and the
+  /// decoder stack of Whisper and T5). The analysis's --mask auto uses it.
+  bool causal = false;
   /// A fused tensor [rows, D] whose Q, K, V interleave by head group (GPT-NeoX, Falcon, BLOOM):
   /// the slots are filled by resolve_heads once the head count is known. 0: not packed.
   std::int64_t packed_rows = 0;

@@ -194,6 +194,9 @@ struct LayoutRule {
   Storage storage;
   const char* cross_word = nullptr;  ///< a "{...}" word that marks cross-attention
   bool shared = false, unscaled = false;
+  /// Every layer is decoder self-attention (causal); otherwise only the self-attention layers of
+  /// a "decoder" stack in layouts that have cross-attention (Whisper, T5).
+  bool decoder = false;
 };
 
 /// The built-in layouts (MATH.md §8; docs/checkpoints.md has the table with examples). Where
@@ -202,22 +205,27 @@ inline const std::vector<std::pair<LayoutRule, NamePattern>>& layout_rules() {
   static const std::vector<std::pair<LayoutRule, NamePattern>> rules = [] {
     const LayoutRule defs[] = {
         {Layout::Timm, "*blocks.#.attn.~qkv.weight", Storage::FusedRows},
-        {Layout::Gpt2, "*h.#.attn.~c_attn.weight", Storage::FusedConv1d},
+        {Layout::Gpt2, "*h.#.attn.~c_attn.weight", Storage::FusedConv1d, nullptr, false, false,
+         true},
         {Layout::HfBert, "*.#.attention.{self|attention}.~<query|key|value>.weight",
          Storage::Separate},
         {Layout::Whisper,
          "*{encoder|decoder}.layers.#.{self_attn|encoder_attn}.~<q|k|v>_proj.weight",
          Storage::Separate, "encoder_attn"},
-        {Layout::Llama, "*layers.#.self_attn.~<q|k|v>_proj.weight", Storage::Separate},
-        {Layout::Gguf, "blk.#.attn_~<q|k|v>.weight", Storage::Separate},
+        {Layout::Llama, "*layers.#.self_attn.~<q|k|v>_proj.weight", Storage::Separate, nullptr,
+         false, false, true},
+        {Layout::Gguf, "blk.#.attn_~<q|k|v>.weight", Storage::Separate, nullptr, false, false,
+         true},
         {Layout::Albert,
          "*albert_layer_groups.#.albert_layers.#.attention.~<query|key|value>.weight",
          Storage::Separate, nullptr, true},
         {Layout::DistilBert, "*layer.#.attention.~<q|k|v>_lin.weight", Storage::Separate},
         {Layout::T5, "*block.#.layer.#.{SelfAttention|EncDecAttention}.~<q|k|v>.weight",
          Storage::Separate, "EncDecAttention", false, true},
-        {Layout::GptNeox, "*layers.#.attention.~query_key_value.weight", Storage::Packed},
-        {Layout::Falcon, "*h.#.self_attention.~query_key_value.weight", Storage::Packed},
+        {Layout::GptNeox, "*layers.#.attention.~query_key_value.weight", Storage::Packed, nullptr,
+         false, false, true},
+        {Layout::Falcon, "*h.#.self_attention.~query_key_value.weight", Storage::Packed, nullptr,
+         false, false, true},
         {Layout::TorchMHA, "*~in_proj_weight", Storage::FusedRows},
     };
     std::vector<std::pair<LayoutRule, NamePattern>> out;
@@ -322,6 +330,7 @@ inline std::vector<Found> match_rule(
       for (std::size_t a = 0; a < m.choice.size(); ++a)
         if (m.choice[a] >= 0 && pat.alt_word(static_cast<int>(a), m.choice[a]) == rule.cross_word)
           f.spec.cross = true;
+    f.spec.causal = rule.decoder || (rule.cross_word && !f.spec.cross && f.stack == 1);
     if (rule.storage != Storage::Separate) {
       fused_slots(f.spec, t, rule.storage, file);
     } else {
