@@ -1,7 +1,10 @@
-# The library's boundary (docs/architecture.md: the library owns the domain; the tool owns the
-# flags): the tool (apps/), the Python extension (python/src/) and the examples (examples/) use
-# the library's public API only. Fails, listing each offending line as file:line: text, on any
-# use of a `detail::` namespace there; lines that are only a comment are not looked at.
+# The library's boundary (docs/architecture.md: the library owns the domain; the engine owns the
+# analyses and reports; the tool owns the flags): the engine (engine/), the tool (apps/), the
+# Python extension (python/src/) and the examples (examples/) use the library's public API only,
+# and nothing under python/ includes or compiles the tool's sources (apps/). Fails, listing each
+# offending line as file:line: text, on any use of a `detail::` namespace there, or any mention of
+# apps/ in the Python extension's sources or CMake; lines that are only a comment are not looked
+# at.
 #   cmake [-DSOURCE_DIR=<repository>] -P tests/library_boundary.cmake
 if(NOT SOURCE_DIR)
   get_filename_component(SOURCE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
@@ -9,7 +12,7 @@ endif()
 
 set(offending "")
 set(checked 0)
-foreach(dir apps python/src examples)
+foreach(dir engine apps python/src examples)
   file(GLOB_RECURSE files LIST_DIRECTORIES false "${SOURCE_DIR}/${dir}/*")
   list(SORT files)
   foreach(file IN LISTS files)
@@ -45,7 +48,33 @@ foreach(dir apps python/src examples)
 endforeach()
 
 if(checked EQUAL 0)
-  message(FATAL_ERROR "library_boundary: no source files under ${SOURCE_DIR}/{apps,python/src,examples}")
+  message(FATAL_ERROR "library_boundary: no source files under ${SOURCE_DIR}/{engine,apps,python/src,examples}")
+endif()
+# The Python extension over the engine, never over the tool.
+set(upward "")
+file(GLOB_RECURSE pyfiles LIST_DIRECTORIES false "${SOURCE_DIR}/python/*")
+foreach(file IN LISTS pyfiles)
+  if(NOT file MATCHES "(\\.(cpp|hpp|h)|CMakeLists\\.txt)$")
+    continue()
+  endif()
+  set(comment "^[ \t]*//")
+  if(file MATCHES "CMakeLists\\.txt$")
+    set(comment "^[ \t]*#")
+  endif()
+  file(STRINGS "${file}" lines)
+  foreach(line IN LISTS lines)
+    if(line MATCHES "${comment}")
+      continue()
+    endif()
+    if(line MATCHES "apps/|SPECTRAL_COND_TOOL_DIR")
+      file(RELATIVE_PATH rel "${SOURCE_DIR}" "${file}")
+      string(APPEND upward "  ${rel}: ${line}\n")
+    endif()
+  endforeach()
+endforeach()
+if(upward)
+  message(FATAL_ERROR "library_boundary: the Python extension must build on the engine "
+                      "(engine/), not on the tool's sources (apps/):\n${upward}")
 endif()
 if(offending)
   message(FATAL_ERROR

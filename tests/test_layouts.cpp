@@ -1,7 +1,7 @@
 // Layout detection from tensor names (MATH.md §8), slot extraction/insertion and head counts.
 #include <spectral_cond/io/layouts.hpp>
 
-#include "../apps/spectral-cond/layout_wording.hpp"
+#include <spectral_cond/engine/layout_wording.hpp>
 #include "support/test_helpers.hpp"
 
 #include <algorithm>
@@ -653,7 +653,7 @@ TEST_CASE("layout errors: the library's message names no flag, the tool's wordin
     const std::string library = e->what();
     CHECK(library == c.library);
     CHECK(library.find("--") == std::string::npos);
-    CHECK(cli::layout_message(*e) == c.tool);
+    CHECK(engine::layout_message(*e) == c.tool);
     CHECK(std::string(e->what()) ==
           LayoutError::message(e->problem, e->file, e->reason, e->value, e->names));
   }

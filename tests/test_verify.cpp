@@ -1,19 +1,19 @@
 // The verifier (the single checks of include/spectral_cond/testing/checks.hpp and the tool's sweep,
-// apps/spectral-cond/verify_sweep.hpp): each checker on inputs where the statement
+// engine: spectral_cond/engine/verify_sweep.hpp): each checker on inputs where the statement
 // holds, on constructed inputs where its hypothesis fails (not applicable, not a failure), on
 // deliberately wrong claims (violated); the sweep's bookkeeping; and the JSON reports of
-// `kappa` and `verify` (apps/spectral-cond/report_json.hpp, documented in docs/cli.md).
+// `kappa` and `verify` (spectral_cond/engine/report_json.hpp, documented in docs/cli.md).
 #include <spectral_cond/testing/checks.hpp>
 
 #include <spectral_cond/testing/extended.hpp>
 
-#include "../apps/spectral-cond/extended_rechecks.hpp"
-#include "../apps/spectral-cond/verify_sweep.hpp"
+#include <spectral_cond/engine/extended_rechecks.hpp>
+#include <spectral_cond/engine/verify_sweep.hpp>
 
 #include "support/test_helpers.hpp"
 
 #if __has_include(<nlohmann/json.hpp>)
-#include "../apps/spectral-cond/report_json.hpp"
+#include <spectral_cond/engine/report_json.hpp>
 #define SC_TEST_HAVE_JSON 1
 #endif
 
@@ -414,7 +414,7 @@ TEST_CASE("verify's real / artefact classification matches an independent recomp
   // The N < D shapes (N <= 4), where the recomputation is cheap, at the default seed.
   VerifyOptions o;
   o.shapes = {{4, 8, 4, 4}, {3, 7, 2, 2}};
-  o.rechecks = cli::extended_rechecks();
+  o.rechecks = engine::extended_rechecks();
   const VerifyReport rep = verify_sweep(o);
   Index real = 0, artefact = 0;
   for (const VerifyViolation& v : rep.violations) {
@@ -448,7 +448,7 @@ VerifyReport check_seed(std::uint64_t seed, Index instances_per_regime) {
   VerifyOptions o;
   o.seed = seed;
   o.instances_per_regime = instances_per_regime;
-  o.rechecks = cli::extended_rechecks();
+  o.rechecks = engine::extended_rechecks();
   const VerifyReport rep = verify_sweep(o);
   INFO("seed " << seed);
   CHECK(rep.proven_ok());
@@ -511,7 +511,7 @@ TEST_CASE("verify seed 424242: the sweep fails no proven statement" *
 
 #ifdef SC_TEST_HAVE_JSON
 TEST_CASE("kappa JSON has the documented keys and writes +inf as \"inf\"") {
-  using spectral_cond::cli::json_number;
+  using spectral_cond::engine::json_number;
   CHECK(json_number(std::numeric_limits<double>::infinity()) == "inf");
   CHECK(json_number(-std::numeric_limits<double>::infinity()) == "-inf");
   CHECK(json_number(std::numeric_limits<double>::quiet_NaN()) == "nan");
@@ -520,7 +520,7 @@ TEST_CASE("kappa JSON has the documented keys and writes +inf as \"inf\"") {
   std::mt19937_64 rng(kSeed + 5);
   Mat<double> M = randn<double>(4, 3, rng);
   M.col(2) = M.col(1);
-  const nlohmann::json jm = cli::kappa_json("matrix", 4, 3, kappa(M));
+  const nlohmann::json jm = engine::kappa_json("matrix", 4, 3, kappa(M));
   for (const char* k :
        {"input", "rows", "cols", "sigma_max", "sigma_min", "kappa", "kappa_plus", "sigma_min_plus",
         "rank", "rank_tol", "method", "accuracy", "iterations", "residual", "info", "note"})
@@ -533,7 +533,7 @@ TEST_CASE("kappa JSON has the documented keys and writes +inf as \"inf\"") {
   const Mat<double> X = randn<double>(3, 5, rng), WQ = randn<double>(5, 2, rng, 0.4);
   const Mat<double> WK = randn<double>(5, 2, rng, 0.4), WV = randn<double>(5, 2, rng, 0.4);
   const Theorem34Report t = theorem34(X, WQ, WK, WV);
-  const nlohmann::json jb = cli::kappa_json("attention", 6, 30, t.J, &t, VerifyShape{3, 5, 2, 2});
+  const nlohmann::json jb = engine::kappa_json("attention", 6, 30, t.J, &t, VerifyShape{3, 5, 2, 2});
   for (const char* k : {"kappa_X",
                         "kappa_plus_X",
                         "kappa_Lambda",
@@ -580,7 +580,7 @@ TEST_CASE("verify JSON has the documented keys") {
   o.weight_scales = {WeightScale::InvSqrtD};
   o.masks = {MaskKind::None};
   o.lambdas = {0};
-  const nlohmann::json j = cli::verify_json(verify_sweep(o));
+  const nlohmann::json j = engine::verify_json(verify_sweep(o));
   for (const char* k : {"seed", "instances_per_regime", "instances", "proven_ok", "proven",
                         "theorem34", "regimes", "violations"})
     CHECK_MESSAGE(j.contains(k), k);

@@ -8,10 +8,10 @@
 // (merge.hpp) and writes the one report, which is the single-process report (the "seconds"
 // timings aside). Rank 0 alone draws progress and prints errors; every rank exits with the code
 // of the lowest-numbered rank that failed (cli.hpp lists the codes).
-#include "blas_threads.hpp"
-#include "cli.hpp"
+#include <spectral_cond/engine/blas_threads.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "merge.hpp"
+#include <spectral_cond/engine/merge.hpp>
 #include "run.hpp"
 
 #include <spectral_cond/io/files.hpp>

@@ -1,8 +1,8 @@
 // spectral-cond: the command-line options `analyze` and `demo` share.
 #pragma once
 
-#include "analysis_types.hpp"
-#include "cli.hpp"
+#include <spectral_cond/engine/analysis_types.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
 
 #include <CLI/CLI.hpp>

@@ -15,13 +15,13 @@
 // only every N-th κ(J) work item (one per head) from the I-th, for a JSON report that
 // `spectral-cond merge` unites with the others into the unsharded one (merge.hpp);
 // spectral-cond-mpi does both over MPI ranks.
-#include "analysis.hpp"
+#include <spectral_cond/engine/analysis.hpp>
 #include "analysis_cli.hpp"
-#include "analysis_format.hpp"
-#include "cli.hpp"
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "device.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/device.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 #include "progress.hpp"
 #include "run.hpp"
 

@@ -14,11 +14,11 @@
 // the "__metadata__" is kept as it is, and the file is written atomically (temporary file and
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
-#include "analysis_inputs.hpp"
-#include "cli.hpp"
+#include <spectral_cond/engine/analysis_inputs.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "index_selection.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/index_selection.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>

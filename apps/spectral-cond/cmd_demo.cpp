@@ -14,15 +14,15 @@
 // orthogonal U, V and singular values decaying geometrically from s_1 = 0.4 + 0.04 i to
 // s_1 / kappa_i, kappa_i = 10^(1 + 2.5 i / 11): early blocks well conditioned, late blocks badly,
 // the trend reported for trained vision transformers.
-#include "analysis.hpp"
-#include "analysis_format.hpp"
-#include "cli.hpp"
+#include <spectral_cond/engine/analysis.hpp>
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
 #include "progress.hpp"
 
 #include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/safetensors.hpp>
-#include "synthetic.hpp"
+#include <spectral_cond/engine/synthetic.hpp>
 
 #include <Eigen/QR>
 

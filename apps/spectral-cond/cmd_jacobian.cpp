@@ -7,9 +7,9 @@
 //
 // Entry [i, j] of the output is J[i, j] in MATH.md §1's convention: row i = r + N e for A(r, e),
 // column a + D b for W(a, b) within each parameter block (J_X: column r + N a for X(r, a)).
-#include "cli.hpp"
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/number_text.hpp>
 
 #include <spectral_cond/io/files.hpp>
 #include <spectral_cond/jacobian/gram.hpp>

@@ -9,12 +9,12 @@
 //
 // The JSON keys are documented in docs/cli.md (a stable interface). Exit codes as in cli.hpp;
 // a κ(J) that did not converge (method iterative) is reported and then exits 3.
-#include "cli.hpp"
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "device.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/device.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 #include "progress.hpp"
-#include "report_json.hpp"
+#include <spectral_cond/engine/report_json.hpp>
 
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/kappa.hpp>
@@ -252,8 +252,8 @@ void run_attention(const KappaArgs& a) {
     BoundOptions bo;
     bo.jacobian = jo;
     bo.rtol = a.rtol;
-    if (on_device) bo.jacobian_result = &*on_device;
-    report = theorem34<double>(in.X, in.WQ, in.WK, in.WV, opts, bo);
+    report = on_device ? theorem34<double>(in.X, in.WQ, in.WK, in.WV, opts, bo, *on_device)
+                       : theorem34<double>(in.X, in.WQ, in.WK, in.WV, opts, bo);
     r = report->J;
   } else {
     r = on_device ? *on_device : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, opts, jo);

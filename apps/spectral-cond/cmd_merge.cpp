@@ -5,9 +5,9 @@
 //   spectral-cond merge s0.json s1.json [--out FILE] [--quiet]
 //
 // The result is the JSON report of the unsharded run (the "seconds" timings aside).
-#include "cli.hpp"
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "merge.hpp"
+#include <spectral_cond/engine/merge.hpp>
 
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/files.hpp>

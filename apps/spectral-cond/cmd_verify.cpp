@@ -10,16 +10,16 @@
 // classified real, artefact (float64 rounding) or unresolved; a proven statement's float64
 // failure overturned there is an artefact, not a bug. The JSON keys are documented in
 // docs/cli.md.
-#include "cli.hpp"
+#include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
-#include "extended_rechecks.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/extended_rechecks.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 #include "progress.hpp"
-#include "report_json.hpp"
+#include <spectral_cond/engine/report_json.hpp>
 
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/npy.hpp>
-#include "verify_sweep.hpp"
+#include <spectral_cond/engine/verify_sweep.hpp>
 
 #include <sys/stat.h>
 

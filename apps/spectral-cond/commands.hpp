@@ -14,6 +14,11 @@
 #include <utility>
 #include <vector>
 
+namespace spectral_cond::engine {}
+namespace spectral_cond::cli {
+using namespace spectral_cond::engine;  // the analyses and reports the subcommands wrap
+}  // namespace spectral_cond::cli
+
 namespace spectral_cond::cli {
 
 /// The --layout values: auto and every built-in layout of io::detect_layers.

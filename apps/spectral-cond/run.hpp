@@ -2,8 +2,8 @@
 // (cli.hpp lists the codes), shared by spectral-cond and spectral-cond-mpi.
 #pragma once
 
-#include "cli.hpp"
-#include "layout_wording.hpp"
+#include <spectral_cond/engine/inputs.hpp>
+#include <spectral_cond/engine/layout_wording.hpp>
 
 #include <spectral_cond/io/error.hpp>
 
@@ -15,6 +15,10 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+namespace spectral_cond::cli {
+using namespace spectral_cond::engine;  // the analyses and reports the subcommands wrap
+}  // namespace spectral_cond::cli
 
 namespace spectral_cond::cli {
 

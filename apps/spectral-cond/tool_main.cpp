@@ -2,7 +2,7 @@
 // code and one line on stderr (run.hpp).
 #include "tool_main.hpp"
 
-#include "blas_threads.hpp"
+#include <spectral_cond/engine/blas_threads.hpp>
 #include "commands.hpp"
 #include "run.hpp"
 

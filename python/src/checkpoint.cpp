@@ -4,12 +4,17 @@
 // the attention layers io::detect_layers finds. io::IoError becomes spectral_cond.CheckpointError.
 #include "binding.hpp"
 
+#include <spectral_cond/engine/analysis.hpp>
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/layout_wording.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -102,6 +107,43 @@ nb::object projection_py(const io::CheckpointReader& r, const std::string& tenso
   return to_numpy<double>(Mat<double>(io::extract_projection(s, T)));
 }
 
+/// The engine's words for the tool's flags, as the package's arguments.
+std::string package_wording(std::string s) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"--kv-heads", "kv_heads="}, {"--heads", "heads="}, {"--layers", "layers="},
+      {"--layout", "layout="},     {"--map", "map="},     {"--lambda", "lam="}};
+  for (const auto& [flag, arg] : names)
+    for (std::size_t at = s.find(flag); at != std::string::npos; at = s.find(flag, at))
+      s.replace(at, std::strlen(flag), arg);
+  return s;
+}
+
+/// The engine's analysis of one checkpoint (engine/analysis.hpp: the tool's `analyze`, weights
+/// and corrections), as the tool's JSON report text; spectral_cond.analyze builds its rows from it.
+std::string analyze_checkpoint_py(const std::string& path, const std::string& layout,
+                                  const std::string& map, std::int64_t heads,
+                                  std::int64_t kv_heads, double lambda, std::optional<double> target,
+                                  bool per_head, const std::string& layers) {
+  engine::AnalysisOptions o;
+  o.layout = layout;
+  o.map = map;
+  o.heads = heads;
+  o.kv_heads = kv_heads;
+  o.lambda = lambda;
+  o.target = target;
+  o.per_head = per_head;
+  o.layers = layers;
+  try {
+    return engine::reports_json({engine::analyze_checkpoint(path, o)});
+  } catch (const io::LayoutError& e) {
+    value_error("analyze", package_wording(engine::layout_message(e)));
+  } catch (const io::IoError& e) {
+    throw io::IoError(package_wording(e.what()));
+  } catch (const engine::Error& e) {
+    value_error("analyze", package_wording(e.what()));
+  }
+}
+
 }  // namespace
 
 void bind_checkpoint(nb::module_& m) {
@@ -154,6 +196,11 @@ void bind_checkpoint(nb::module_& m) {
         return d;
       },
       nb::arg("path"), "io::read_head_config: the head counts of a config.json (0: not stated)");
+  m.def("analyze_checkpoint", &analyze_checkpoint_py, nb::arg("path"), nb::arg("layout") = "auto",
+        nb::arg("map") = "", nb::arg("heads") = 0, nb::arg("kv_heads") = 0,
+        nb::arg("lam") = 10.0, nb::arg("target") = nb::none(), nb::arg("per_head") = false,
+        nb::arg("layers") = "",
+        "The engine's analysis of a checkpoint (the tool's analyze), as its JSON report text");
   m.def(
       "open_checkpoint",
       [](const std::string& path) {

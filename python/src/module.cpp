@@ -2,7 +2,7 @@
 // corrections (§6–7). The attention family is in attention.cpp. Every function returns plain
 // Python values; spectral_cond/__init__.py wraps them in result objects.
 #include "binding.hpp"
-#include "blas_threads.hpp"  // apps/spectral-cond: the tool's pin of OpenBLAS to one thread
+#include <spectral_cond/engine/blas_threads.hpp>  // the engine's pin of OpenBLAS to one thread, as the tool's
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -212,10 +212,11 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
     bo.jacobian = jacobian_options(fn, method, tol, rtol, threads, 0, std::nullopt);
     if (rtol) bo.rtol = *rtol;
     bo.blocks = blocks;
-    if (given) bo.jacobian_result = &*given;
     Progress bridge(progress);
     bo.jacobian.progress = bridge.function();
-    const Theorem34Report r = bridge.run([&] { return theorem34<S>(x, wq, wk, wv, o, bo); });
+    const Theorem34Report r = bridge.run([&] {
+      return given ? theorem34<S>(x, wq, wk, wv, o, bo, *given) : theorem34<S>(x, wq, wk, wv, o, bo);
+    });
     nb::dict out;
     out["X"] = to_dict(r.X);
     out["Lambda"] = to_dict(r.Lambda);
@@ -338,7 +339,7 @@ NB_MODULE(_core, m) {
   namespace sc = spectral_cond;
   m.doc() = "spectral_cond's C++ library (MATH.md); use the spectral_cond package, not this module";
   // One BLAS thread (or SPECTRAL_COND_BLAS_THREADS), as in the tool: the same reports as its.
-  spectral_cond::cli::pin_blas_to_one_thread();
+  spectral_cond::engine::pin_blas_to_one_thread();
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -1,13 +1,13 @@
 // spectral_cond._core: the tool's verify sweep for Python (docs/python.md): every statement of
 // MATH.md §4–7 checked on seeded random instances, would-be violations re-checked in extended
 // precision (spectral_cond/testing/extended.hpp, through the tool's extended_rechecks), the
-// report as the tool's JSON (apps/spectral-cond/report_json.hpp, keys in docs/cli.md), which
+// report as the tool's JSON (the engine's report_json.hpp, keys in docs/cli.md), which
 // spectral_cond.verify wraps in a VerifyReport.
 #include "binding.hpp"
 
-#include "extended_rechecks.hpp"
-#include "report_json.hpp"
-#include "verify_sweep.hpp"
+#include <spectral_cond/engine/extended_rechecks.hpp>
+#include <spectral_cond/engine/report_json.hpp>
+#include <spectral_cond/engine/verify_sweep.hpp>
 
 #include <nanobind/stl/string.h>
 
@@ -25,11 +25,11 @@ std::string verify_py(std::uint64_t seed, std::int64_t instances_per_regime, boo
   VerifyOptions o;
   o.seed = seed;
   o.instances_per_regime = instances_per_regime;
-  if (extended) o.rechecks = cli::extended_rechecks();
+  if (extended) o.rechecks = engine::extended_rechecks();
   Progress bridge(progress);
   o.progress = bridge.function();
   const VerifyReport rep = bridge.run([&] { return verify_sweep(o); });
-  return cli::verify_json(rep).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return engine::verify_json(rep).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace

@@ -64,3 +64,29 @@ def test_heads_from_config_and_errors(tmp_path):
     assert rows[0].kappa_lambda_per_head != rows[0].kappa_lambda_fused  # 4 heads of d = 2
     with pytest.raises(sc.CheckpointError, match="heads = 3 does not divide"):
         sc.analyze(tmp_path, heads=3)
+
+
+def test_analyze_equals_the_tools_report():
+    """sc.analyze is the engine's analysis, the tool's: the same numbers, to the last bit."""
+    import subprocess
+
+    exe = os.environ.get("SPECTRAL_COND_EXE")
+    if not exe:
+        pytest.skip("SPECTRAL_COND_EXE is not set (ctest sets it to the tool)")
+    path = os.path.join(DATA, "bert_legacy.bin")
+    rows = sc.analyze(path, heads=2, lam=3.0, per_head=True)
+    doc = json.loads(subprocess.run([exe, "analyze", path, "--heads", "2", "--lambda", "3",
+                                     "--per-head", "--format", "json", "--quiet"],
+                                    capture_output=True, text=True, check=True).stdout)
+    want = []
+    for L in doc["checkpoints"][0]["layers"]:
+        for blocks in [[(None, L)]] + [[(h["head"], h)] for h in L.get("per_head", [])]:
+            for head, b in blocks:
+                for m in ("W_Q", "W_K", "W_V"):
+                    want.append((L["index"], head, m, float(b[m]["kappa"]),
+                                 float(b[m]["lambda_fused"]["kappa"]),
+                                 float(b[m]["lambda_per_head"]["kappa"]),
+                                 float(b[m]["exact"]["kappa"])))
+    got = [(r.layer, r.head, r.matrix, r.kappa, r.kappa_lambda_fused, r.kappa_lambda_per_head,
+            r.kappa_exact) for r in rows]
+    assert got == want

@@ -67,9 +67,6 @@ struct BoundOptions {
   JacobianKappaOptions jacobian;  ///< how κ(J) is computed (default auto)
   bool blocks = true;             ///< also κ(J_Q), κ(J_K), κ(J_V)
   double rtol = -1;               ///< rank tolerance for every kappa_plus (< 0: default)
-  /// κ(J) computed elsewhere (for instance on a GPU by cuda::kappa_jacobian_batched), used as
-  /// is instead of kappa_jacobian; must belong to the same inputs. Not owned.
-  const ConditionResult<double>* jacobian_result = nullptr;
   /// Also the attention diagnostics (MATH.md §11) and the bound that needs no hypothesis
   /// (σ_max(J) / σ_N(P X), §5); a few matrix-free products with J.
   bool diagnostics = true;
@@ -140,13 +137,14 @@ inline ConditionResult<double> block_condition(const KJInputs& in, JacobianBlock
 
 }  // namespace detail
 
-/// Theorem 3.4 for one attention block (MATH.md §5), every term computed. With biases or RoPE in
-/// `opts` the terms, κ(J) of that block and the diagnostics are computed, and the bound is
-/// reported as not applicable (Theorem34Report::bound_applies; MATH.md §10).
+namespace detail {
+
+/// theorem34 with κ(J) computed here (`given` null) or given by the caller.
 template <typename Scalar>
-Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
-                          const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
-                          const BoundOptions& bo = {}) {
+Theorem34Report theorem34_report(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
+                                 const CRef<Scalar>& WK, const CRef<Scalar>& WV,
+                                 const AttentionOptions<Scalar>& opts, const BoundOptions& bo,
+                                 const ConditionResult<double>* given) {
   constexpr const char* fn = "theorem34";
   bo.jacobian.check(fn);
   detail::check_attention_inputs<Scalar>(fn, X, WQ, WK, WV);
@@ -165,9 +163,8 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
   const AttentionCache<double> cache = attention_forward(in.X, in.WQ, in.WK, in.WV, in.opts);
   r.P = kappa(cache.P, ko);
   r.Lambda = softmax_jacobian_condition<double>(cache.P, bo.rtol);
-  r.J = bo.jacobian_result != nullptr
-            ? *bo.jacobian_result
-            : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  r.J = given != nullptr ? *given
+                         : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
   if (bo.blocks) {
     r.have_blocks = true;
     r.JQ = detail::block_condition(in, JacobianBlock::Q, jo);
@@ -220,6 +217,28 @@ Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const C
     << (r.vacuous ? "+inf (𝚲 is singular), vacuous" : "finite");
   r.verdict = v.str();
   return r;
+}
+
+}  // namespace detail
+
+/// Theorem 3.4 for one attention block (MATH.md §5), every term computed, κ(J) by
+/// kappa_jacobian with bo.jacobian. With biases or RoPE in `opts` the terms, κ(J) of that block
+/// and the diagnostics are computed, and the bound is reported as not applicable
+/// (Theorem34Report::bound_applies; MATH.md §10).
+template <typename Scalar>
+Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                          const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
+                          const BoundOptions& bo = {}) {
+  return detail::theorem34_report<Scalar>(X, WQ, WK, WV, opts, bo, nullptr);
+}
+
+/// Theorem 3.4 with κ(J) as an input: `jacobian` is κ(J) of these inputs computed by the caller
+/// (on a GPU by cuda::kappa_jacobian_batched, or kept from an earlier call), used as is.
+template <typename Scalar>
+Theorem34Report theorem34(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Scalar>& WK,
+                          const CRef<Scalar>& WV, const AttentionOptions<Scalar>& opts,
+                          const BoundOptions& bo, const ConditionResult<double>& jacobian) {
+  return detail::theorem34_report<Scalar>(X, WQ, WK, WV, opts, bo, &jacobian);
 }
 
 /// By-value convenience form.

@@ -3,10 +3,12 @@
 // read by detail::gram_condition_of: syevd or Cholesky + Lanczos; accuracy ε κ^2), the qr route
 // (compressed J~ on the device, cuSOLVER geqrf, R read by detail::condition_of_triangular;
 // accuracy ε κ) and the matfree route (detail::matfree_condition with J x and J^T x by the
-// device's JVP and VJP; accuracy ε κ + η).
+// device's JVP and VJP; accuracy ε κ + η). auto takes the CPU's plan (plan.hpp) over the two
+// accurate routes, matfree and qr: never gram.
 #pragma once
 
 #include "spectral_cond/conditioning/methods/matfree.hpp"
+#include "spectral_cond/conditioning/methods/plan.hpp"
 #include "spectral_cond/cuda/backends.cuh"
 #include "spectral_cond/cuda/gram.cuh"
 #include "spectral_cond/jacobian/compressed.hpp"
@@ -189,14 +191,32 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
       res = detail::gram_route(ctx, d, i, o, jo);
     } else if (method == JacobianKappaMethod::Qr) {
       res = qr();
-    } else {  // Auto: gram when the CPU's rule keeps it, else qr (no lobpcg route on the GPU)
-      res = detail::gram_route(ctx, d, i, o, jo);
-      std::ostringstream why;
-      if (!spectral_cond::detail::auto_keeps_gram(res, o.jacobian, why)) {
-        why << "qr";
-        res = qr();
+    } else {  // Auto: the CPU's plan (plan.hpp) over the GPU's accurate routes, matfree and qr
+      KappaShape shape;
+      shape.N = bd.x(i).rows();
+      shape.D = bd.x(i).cols();
+      shape.d_k = bd.WQ[u].cols();
+      shape.d_v = bd.WV[u].cols();
+      const KappaPlan plan = plan_kappa_jacobian(
+          shape, jo, {JacobianKappaMethod::Matfree, JacobianKappaMethod::Qr});
+      std::string why = plan.why;
+      if (plan.order.empty()) {
+        res = spectral_cond::detail::invalid_condition<double>("");
+        res.info = Info::TooLarge;
+        res.method = "auto";
+      } else {
+        for (std::size_t k = 0; k < plan.order.size(); ++k) {
+          res = plan.order[k].method == JacobianKappaMethod::Matfree
+                    ? detail::matfree_route(ctx, b, i, jo)
+                    : qr();
+          if (res.info == Info::Success || res.info == Info::Singular ||
+              k + 1 == plan.order.size())
+            break;
+          why += std::string("; ") + to_string(plan.order[k].method) + " did not answer (" +
+                 to_string(res.info) + "), so " + to_string(plan.order[k + 1].method);
+        }
       }
-      res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;
+      res.note = res.note.empty() ? why : why + "; " + res.note;
     }
     out.push_back(res);
     if (o.jacobian.progress) o.jacobian.progress(double(i + 1) / double(d.batch));

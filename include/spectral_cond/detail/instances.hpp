@@ -26,7 +26,11 @@
   X(template spectral_cond::Theorem34Report spectral_cond::theorem34<S>(                           \
       const spectral_cond::CRef<S>&, const spectral_cond::CRef<S>&, const spectral_cond::CRef<S>&, \
       const spectral_cond::CRef<S>&, const spectral_cond::AttentionOptions<S>&,                    \
-      const spectral_cond::BoundOptions&))
+      const spectral_cond::BoundOptions&))                                                         \
+  X(template spectral_cond::Theorem34Report spectral_cond::theorem34<S>(                           \
+      const spectral_cond::CRef<S>&, const spectral_cond::CRef<S>&, const spectral_cond::CRef<S>&, \
+      const spectral_cond::CRef<S>&, const spectral_cond::AttentionOptions<S>&,                    \
+      const spectral_cond::BoundOptions&, const spectral_cond::ConditionResult<double>&))
 
 /// Every group, in two parts of about equal compile time, one per source file
 /// (src/instances_decompositions.cpp and src/instances_methods.cpp), so that they compile in

@@ -291,22 +291,6 @@ struct LobpcgRun {
   }
 };
 
-/// Whether method auto keeps the gram method's answer `res` (MATH.md §12): a success (or a
-/// singular answer) whose stated accuracy ε κ^2 is within jo.tol. Writes the reason to `why`,
-/// ending in "; " when it does not (the caller names the accurate method it takes instead).
-/// Shared by kappa_jacobian and the GPU's kappa_jacobian_batched.
-inline bool auto_keeps_gram(const ConditionResult<double>& res, const JacobianKappaOptions& jo,
-                            std::ostream& why) {
-  if ((res.info == Info::Success || res.info == Info::Singular) && res.accuracy <= jo.tol) {
-    why << "auto chose gram: its error estimate eps*kappa^2 = " << res.accuracy
-        << " is below tol = " << jo.tol;
-    return true;
-  }
-  why << "auto chose an accurate method: gram's error estimate eps*kappa^2 = " << res.accuracy
-      << " exceeds tol = " << jo.tol << "; ";
-  return false;
-}
-
 /// Every κ(J) result is checked before it leaves the library (MATH.md §12): a success must have
 /// σ_max >= σ_min >= 0, finite, κ >= 1 (up to its stated accuracy), and a σ_max that is not
 /// below the matrix-free power-method bound on σ_max(J) (by more than rounding). A result that

@@ -124,13 +124,21 @@ inline MethodCost estimate_cost(JacobianKappaMethod m, const KappaShape& s,
 
 /// The plan of `auto` for this shape (see the header): dense while J has at most
 /// jo.dense_max_entries entries (it is then the cheapest and the reference); otherwise matfree,
-/// lobpcg and qr that apply and fit the memory budget, cheapest first.
-inline KappaPlan plan_kappa_jacobian(const KappaShape& s, const JacobianKappaOptions& jo) {
+/// lobpcg and qr that apply and fit the memory budget, cheapest first. `available` restricts the
+/// candidates to the methods a backend has (the GPU: matfree and qr; no dense there).
+inline KappaPlan plan_kappa_jacobian(
+    const KappaShape& s, const JacobianKappaOptions& jo,
+    const std::vector<JacobianKappaMethod>& available = {
+        JacobianKappaMethod::Dense, JacobianKappaMethod::Matfree, JacobianKappaMethod::Lobpcg,
+        JacobianKappaMethod::Qr}) {
+  auto has = [&available](JacobianKappaMethod m) {
+    return std::find(available.begin(), available.end(), m) != available.end();
+  };
   KappaPlan p;
   std::ostringstream why;
   why.precision(3);
   const double entries = static_cast<double>(s.rows()) * static_cast<double>(s.cols());
-  if (entries <= static_cast<double>(jo.dense_max_entries)) {
+  if (has(JacobianKappaMethod::Dense) && entries <= static_cast<double>(jo.dense_max_entries)) {
     const MethodCost c = estimate_cost(JacobianKappaMethod::Dense, s, jo);
     if (!c.fits) {
       p.left_out.push_back(c);
@@ -148,6 +156,7 @@ inline KappaPlan plan_kappa_jacobian(const KappaShape& s, const JacobianKappaOpt
   }
   for (JacobianKappaMethod m :
        {JacobianKappaMethod::Matfree, JacobianKappaMethod::Lobpcg, JacobianKappaMethod::Qr}) {
+    if (!has(m)) continue;
     const MethodCost c = estimate_cost(m, s, jo);
     if (!c.applies) continue;
     (c.fits ? p.order : p.left_out).push_back(c);

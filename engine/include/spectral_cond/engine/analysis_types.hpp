@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// What to compute. Every field is a command-line option of `analyze` (docs/checkpoints.md).
 struct AnalysisOptions {
@@ -141,4 +141,4 @@ struct CheckpointReport {
 /// Progress callback: fraction of the whole analysis done, in [0, 1].
 using ProgressFn = std::function<void(double)>;
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -1,7 +1,7 @@
 // spectral-cond: the table of `analyze` and `demo` (analysis_format.hpp; for people, its layout
 // may change: docs/checkpoints.md).
-#include "analysis_format.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 
 #include <cmath>
 #include <iomanip>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 namespace {
 
 /// A number in the tables: 4 significant digits, and an empty cell for NaN (a value that was
@@ -233,4 +233,4 @@ std::string reports_table(const std::vector<CheckpointReport>& reps) {
   return o.str();
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

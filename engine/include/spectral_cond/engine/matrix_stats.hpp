@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// One placement's addend E (MATH.md §7) and whether all its singular values are 1, which the
 /// Weyl bound needs; kept per shape so that the check (a product E^T E) runs once per analysis,
@@ -112,4 +112,4 @@ inline MatrixStats matrix_stats(const std::string& role, const std::string& tens
   return m;
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

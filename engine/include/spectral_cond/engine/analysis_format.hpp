@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// The version of the JSON and CSV layouts; bumped on any incompatible change.
 inline constexpr int kAnalyzeFormatVersion = 2;
@@ -26,4 +26,4 @@ std::string reports_csv(const std::vector<CheckpointReport>& reps);
 /// A human-readable table, with a legend.
 std::string reports_table(const std::vector<CheckpointReport>& reps);
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

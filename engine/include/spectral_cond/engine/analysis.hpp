@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// Analyses one checkpoint (see the top of this file). Throws BadInput / io::IoError naming the
 /// file and tensor for anything unusable, before any tensor is read where it can (layers, heads,
@@ -25,4 +25,4 @@ namespace spectral_cond::cli {
 CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptions& o,
                                     const ProgressFn& progress = {}, std::uint64_t* item = nullptr);
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -249,7 +249,7 @@ inline BoundClassification count_theorem34(const VerifyInstance& in,
 /// What a violation of Theorem 3.4 with kappa_plus rests on: both sides, the ratio, their
 /// estimated errors, and kappa_plus of every factor.
 inline std::string theorem34_plus_detail(const Theorem34Report& t, const BoundClassification& bc) {
-  auto num = [](double x) { return cli::number_text(x, 6); };
+  auto num = [](double x) { return engine::number_text(x, 6); };
   std::ostringstream d;
   d << "kappa_plus(J) = " << num(t.J.kappa_plus) << " (rank " << t.J.rank << ") vs bound_plus "
     << num(t.bound_plus) << ", ratio " << num(bc.ratio) << " (relative errors: J " << num(bc.acc_J)

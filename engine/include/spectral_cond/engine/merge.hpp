@@ -7,7 +7,7 @@
 #pragma once
 
 #include "analysis_format.hpp"
-#include "cli.hpp"
+#include "inputs.hpp"
 #include "report_json.hpp"
 
 #include <nlohmann/json.hpp>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 namespace detail_merge {
 
@@ -150,4 +150,4 @@ inline nlohmann::json merge_shards(const std::vector<nlohmann::json>& docs,
   return out;
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

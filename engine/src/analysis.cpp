@@ -1,12 +1,12 @@
 // spectral-cond: analyze_checkpoint (analysis.hpp), as the steps of CheckpointAnalysis::run.
-#include "analysis.hpp"
+#include <spectral_cond/engine/analysis.hpp>
 
-#include "analysis_inputs.hpp"
-#include "cli.hpp"
-#include "device.hpp"
-#include "matrix_stats.hpp"
-#include "parallel.hpp"
-#include "synthetic.hpp"
+#include <spectral_cond/engine/analysis_inputs.hpp>
+#include <spectral_cond/engine/inputs.hpp>
+#include <spectral_cond/engine/device.hpp>
+#include <spectral_cond/engine/matrix_stats.hpp>
+#include <spectral_cond/engine/parallel.hpp>
+#include <spectral_cond/engine/synthetic.hpp>
 
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/corrections.hpp>
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 namespace {
 
 /// W_Q, W_K, W_V of one layer, or the weights one head sees after a correction (MATH.md §6–7):
@@ -450,8 +450,7 @@ class CheckpointAnalysis {
   Theorem34Report theorem34_of(const LayerJacobianJob& job, const Weights& w, Index h,
                                std::size_t slot, double& seconds) const {
     const auto t0 = std::chrono::steady_clock::now();
-    BoundOptions bo = job.bo;
-    if (!job.device_J.empty()) bo.jacobian_result = &job.device_J[slot];
+    const BoundOptions& bo = job.bo;
     const io::LayerHeads& H = *job.H;
     const LayerModel& m = *job.model;
     const Index g = h / (H.heads / H.kv_heads);
@@ -463,7 +462,10 @@ class CheckpointAnalysis {
     require_finite_attention(
         job.X, w.q, w.k, w.v, ao,
         job.where + " head " + std::to_string(h) + " (tensor " + io::quote(job.L->q.tensor) + ")");
-    Theorem34Report r = theorem34<double>(job.X, w.q, w.k, w.v, ao, bo);
+    // κ(J) is an input where the GPU computed it (--device cuda).
+    Theorem34Report r = job.device_J.empty()
+                            ? theorem34<double>(job.X, w.q, w.k, w.v, ao, bo)
+                            : theorem34<double>(job.X, w.q, w.k, w.v, ao, bo, job.device_J[slot]);
     if (r.J.info == Info::InvalidInput)
       throw NumericalFailure(path_ + ": layer " + std::to_string(job.L->index) + " head " +
                              std::to_string(h) + ": kappa(J) could not be computed (" + r.J.note +
@@ -497,4 +499,4 @@ CheckpointReport analyze_checkpoint(const std::string& path, const AnalysisOptio
   return CheckpointAnalysis(path, o, progress, item ? *item : local_item).run();
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -1,13 +1,13 @@
 // spectral-cond: the JSON of `analyze` and `demo` (analysis_format.hpp; keys in
 // docs/checkpoints.md). Numbers are written with round-trip precision; +inf and -inf are the
 // strings "inf" and "-inf", NaN (undefined) is "nan" (as in docs/cli.md).
-#include "analysis_format.hpp"
-#include "report_json.hpp"
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/report_json.hpp>
 
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 namespace {
 
 /// κ of W + λ E and its Weyl bound (CorrectedKappa, docs/checkpoints.md: CORRECTED).
@@ -171,4 +171,4 @@ std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_
   return json_text(doc);
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

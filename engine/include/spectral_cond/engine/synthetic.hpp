@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// n standard normal values from `seed`: Rng(seed).normal(), n times (MATH.md §16).
 inline std::vector<double> standard_normals(std::uint64_t seed, std::size_t n) {
@@ -49,4 +49,4 @@ inline Mat<double> synthetic_tokens(Index N, Index D, std::uint64_t seed) {
   return X;
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// The tool's one-line message for `e`: the library's error in terms of the tool's flags.
 inline std::string layout_message(const io::LayoutError& e) {
@@ -48,4 +48,4 @@ inline std::string layout_message(const io::LayoutError& e) {
   return e.what();
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

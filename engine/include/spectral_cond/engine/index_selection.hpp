@@ -2,7 +2,7 @@
 // library's (spectral_cond/io/checkpoint.hpp).
 #pragma once
 
-#include "cli.hpp"
+#include "inputs.hpp"
 
 #include <spectral_cond/io/checkpoint.hpp>
 
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 using io::CheckpointFormat;
 using io::CheckpointReader;
@@ -84,4 +84,4 @@ class IndexSelection {
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;
 };
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// Threads for `jobs`: 0 means one per hardware thread; never more than `items`, never below 1.
 inline unsigned resolved_jobs(unsigned jobs, std::size_t items) {
@@ -51,4 +51,4 @@ void parallel_for(std::size_t items, unsigned threads, Fn&& fn) {
     if (e) std::rethrow_exception(e);
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// `x` with `digits` significant digits, as std::ostream writes it ("0.5", "1.234e+05"), and
 /// "inf", "-inf" and "nan" for the values that have no digits (the spelling of the JSON
@@ -21,4 +21,4 @@ inline std::string number_text(double x, int digits) {
   return s.str();
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

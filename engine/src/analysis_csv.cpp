@@ -1,14 +1,14 @@
 // spectral-cond: the CSV of `analyze` and `demo` (analysis_format.hpp; columns in
 // docs/checkpoints.md).
-#include "analysis_format.hpp"
-#include "number_text.hpp"
+#include <spectral_cond/engine/analysis_format.hpp>
+#include <spectral_cond/engine/number_text.hpp>
 
 #include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 namespace {
 
 /// A CSV number: round-trip digits, and an empty field for NaN (docs/checkpoints.md).
@@ -88,4 +88,4 @@ std::string reports_csv(const std::vector<CheckpointReport>& reps) {
   return o.str();
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

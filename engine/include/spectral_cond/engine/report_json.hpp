@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// A number, or "inf" / "-inf" / "nan" for the values JSON cannot hold.
 inline nlohmann::json json_number(double v) {
@@ -291,4 +291,4 @@ inline nlohmann::json verify_json(const VerifyReport& rep) {
           {"violations", violations}};
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

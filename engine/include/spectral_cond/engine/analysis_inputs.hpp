@@ -3,7 +3,7 @@
 #pragma once
 
 #include "analysis_types.hpp"
-#include "cli.hpp"
+#include "inputs.hpp"
 
 #include <spectral_cond/io/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// The head counts of a checkpoint: config.json beside it (when there is one), with --heads and
 /// --kv-heads (0: not given) taking precedence. --heads alone keeps config.json's key/value head
@@ -189,4 +189,4 @@ inline void read_layer_biases(const CheckpointReader& src, const io::AttentionLa
   }
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -5,7 +5,7 @@
 // `--device cuda` is an input error (exit 2) that says which.
 #pragma once
 
-#include "cli.hpp"
+#include "inputs.hpp"
 
 #include <spectral_cond/conditioning/kappa.hpp>
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// True when this build has the CUDA path.
 inline constexpr bool built_with_cuda() {
@@ -92,4 +92,4 @@ inline std::vector<ConditionResult<double>> device_kappa_jacobian(
 #endif
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -15,7 +15,7 @@
 
 #include <cstdlib>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 /// Sets OpenBLAS (when it is the loaded BLAS) to one thread, or to SPECTRAL_COND_BLAS_THREADS
 /// (an integer from 1 to 1024) when that is set: faster dense SVDs on many cores, at the price of
@@ -46,4 +46,4 @@ inline bool pin_blas_to_one_thread() {
   return true;
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

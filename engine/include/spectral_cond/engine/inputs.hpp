@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 enum ExitCode : int {
   kSuccess = 0,
@@ -120,4 +120,4 @@ inline void require_finite(const Mat<double>& m, const std::string& what) {
     throw NumericalFailure(what + " has NaN or Inf entries (are the inputs very large?)");
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine

@@ -1,9 +1,9 @@
 // spectral-cond verify: the extended-precision re-checks (see extended_rechecks.hpp).
-#include "extended_rechecks.hpp"
+#include <spectral_cond/engine/extended_rechecks.hpp>
 
 #include <spectral_cond/testing/extended.hpp>
 
-namespace spectral_cond::cli {
+namespace spectral_cond::engine {
 
 VerifyRechecks extended_rechecks() {
   VerifyRechecks r;
@@ -17,4 +17,4 @@ VerifyRechecks extended_rechecks() {
   return r;
 }
 
-}  // namespace spectral_cond::cli
+}  // namespace spectral_cond::engine
