@@ -6,12 +6,19 @@
 #include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <string>
 #include <vector>
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 namespace fs = std::filesystem;
 using namespace spectral_cond;
@@ -445,6 +452,45 @@ TEST_CASE("atomic writes: a failed write leaves no file and no temporary file") 
 
   CHECK(dir.entries().size() == 2);
 }
+
+#ifdef __linux__
+// On Linux the temporary file has no name until it is complete (O_TMPFILE): a process killed
+// midway, by SIGKILL or by a file-size limit (SIGXFSZ), leaves nothing beside the target.
+TEST_CASE("atomic writes: a process killed midway leaves no file beside the target") {
+  TempDir dir;
+  const std::string path = dir.file("old.npy");
+  io::write_npy(path, Mat<double>::Ones(2, 2));
+  const Bytes before = read_file(path);
+  for (const int sig : {SIGKILL, SIGXFSZ}) {
+    for (const bool fresh : {false, true}) {  // over an existing file, and to a new name
+      const std::string target = fresh ? dir.file("new.npy") : path;
+      INFO("signal " << sig << (fresh ? ", new target" : ", existing target"));
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        if (sig == SIGXFSZ) {
+          const rlimit lim{4096, 4096};
+          ::setrlimit(RLIMIT_FSIZE, &lim);
+        }
+        io::atomic_write(target, [sig](std::FILE* f) {
+          const std::vector<char> block(1024, 'x');
+          for (int i = 0; i < 64; ++i) {
+            std::fwrite(block.data(), 1, block.size(), f);
+            std::fflush(f);
+          }
+          ::raise(sig);
+        });
+        ::_exit(0);  // not reached
+      }
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      CHECK(WIFSIGNALED(status));
+      CHECK(dir.entries() == std::vector<std::string>{"old.npy"});
+      CHECK(read_file(path) == before);
+    }
+  }
+}
+#endif
 
 TEST_CASE("atomic writes: bytes, and permissions follow the umask") {
   TempDir dir;

@@ -150,6 +150,7 @@ TEST_CASE("qr with float inputs: computed in double, equals the double result on
   const auto p = make_problem<float>(16, 16, 8, 8, seed);
   const auto q = kappa_jacobian_qr<float>(p.X, p.WQ, p.WK, p.WV, p.opts);
   const auto d = dense_reference(p, JacobianBlock::All);
+  INFO("qr: " << to_string(q.info) << ", accuracy " << q.accuracy << ", note " << q.note);
   CHECK(q.method == "qr");
   CHECK(q.info == Info::Success);
   CHECK(rel(static_cast<double>(q.kappa), d.kappa) < 1e-6);

@@ -8,7 +8,8 @@
 //                       [--quiet] [--device cpu|cuda]
 //
 // The JSON keys are documented in docs/cli.md (a stable interface). Exit codes as in cli.hpp;
-// a κ(J) that did not converge (method iterative) is reported and then exits 3.
+// a κ(J) that did not converge, or any declined answer (too large, inaccurate, out of range), is
+// reported and then exits 3.
 #include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
 #include <spectral_cond/engine/device.hpp>
@@ -260,7 +261,10 @@ void run_attention(const KappaArgs& a) {
   }
   if (r.info == Info::InvalidInput) {
     bar.done();
-    throw NumericalFailure("J has NaN or Inf entries (are the inputs very large?)");
+    throw NumericalFailure(a.x + ", " + a.wq + ", " + a.wk + ", " + a.wv + ": kappa(J) declined: " +
+                           (r.note.empty() ? std::string("J has NaN or Inf entries (are the "
+                                                         "inputs very large?)")
+                                           : r.note));
   }
   // The attention diagnostics go with every kappa(J) (MATH.md §11); --bound has them already.
   const AttentionDiagnostics diag =
@@ -305,8 +309,12 @@ void run_attention(const KappaArgs& a) {
            ", kappa_plus(J) = " + number_text(r.kappa_plus, kDigits));
   if (r.info == Info::NotConverging)
     throw NumericalFailure("kappa(J) did not converge (method " + a.method + "): " + r.note);
-  if (r.info == Info::TooLarge)
-    throw NumericalFailure("kappa(J) declined (method " + a.method + "): " + r.note);
+  // A declined answer (too large, meaningless, or inputs out of range: κ NaN or without a
+  // correct digit) is reported and then exits 3: no NaN and no meaningless κ leaves with exit 0.
+  if (r.info == Info::TooLarge || r.info == Info::Inaccurate || r.info == Info::InvalidInput ||
+      std::isnan(r.kappa))
+    throw NumericalFailure("kappa(J) declined (method " + a.method + ", " + to_string(r.info) +
+                           "): " + r.note);
 }
 
 }  // namespace

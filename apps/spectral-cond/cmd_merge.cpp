@@ -71,11 +71,19 @@ void register_merge(CLI::App& app) {
     for (const std::string& p : a->shards) {
       try {
         docs.push_back(nlohmann::json::parse(read_report(p)));
-      } catch (const nlohmann::json::parse_error& e) {
-        throw BadInput(p + ": not JSON (" + e.what() + ")");
+      } catch (const nlohmann::json::exception& e) {  // malformed, or a number out of range
+        throw BadInput(p + ": not JSON, or a number beyond double (" + std::string(e.what()) +
+                       ")");
       }
     }
-    const std::string text = json_text(merge_shards(docs, a->shards));
+    nlohmann::json merged;
+    try {
+      merged = merge_shards(docs, a->shards);
+    } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
+      throw BadInput("merge: a shard is not a report of analyze --format json (" +
+                     std::string(e.what()) + ")");
+    }
+    const std::string text = json_text(merged);
     if (a->out.empty()) {
       std::cout << text << std::flush;
     } else {

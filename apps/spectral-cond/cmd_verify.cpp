@@ -277,6 +277,13 @@ void run_verify(const VerifyArgs& a) {
     if (::lstat(a.dump.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
       throw BadInput(a.dump + ": --dump needs a directory, and this is " +
                      io::file_kind(st.st_mode) + " (nothing is written over it)");
+    // Checked before the sweep, not after it: the directory (made now if absent, in a parent
+    // that exists) must take new files.
+    const std::string where = ::lstat(a.dump.c_str(), &st) == 0 ? a.dump
+                                                                 : io::parent_directory(a.dump);
+    if (::access(where.empty() ? "." : where.c_str(), W_OK | X_OK) != 0)
+      throw BadInput(a.dump + ": --dump: cannot write in " + (where.empty() ? "." : where) + ": " +
+                     std::strerror(errno) + " (checked before the sweep)");
   }
   VerifyOptions o;
   o.seed = a.seed;

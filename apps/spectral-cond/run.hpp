@@ -54,6 +54,21 @@ inline int run_app(CLI::App& app, int argc, char** argv, const std::string& tool
       std::cerr << tool << ": error: " << msg.substr(0, msg.find('\n')) << '\n';
     return code;
   };
+  // A first word that names no subcommand is named in the error (CLI11 would say only that a
+  // subcommand is required, or that the word was not expected).
+  const auto subs = app.get_subcommands([](CLI::App*) { return true; });
+  if (argc > 1 && argv[1][0] != '-' && !subs.empty()) {
+    const std::string first = argv[1];
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : subs) {
+      known = known || sub->check_name(first);
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known)
+      return report(kBadInput, "unknown subcommand '" + first + "': expected one of " + names +
+                                   " (see " + tool + " --help)");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

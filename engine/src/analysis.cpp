@@ -13,10 +13,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,6 +74,7 @@ class CheckpointAnalysis {
         src_(io::open_checkpoint(path)) {}
 
   CheckpointReport run() {
+    src_.open_all_shards();  // a bad shard is an error at once, even one without attention
     detect_layers();
     open_inputs();
     check_heads();
@@ -115,6 +118,20 @@ class CheckpointAnalysis {
     } else {
       if (o_.tokens < 1)
         throw BadInput("--tokens must be >= 1 (got " + std::to_string(o_.tokens) + ")");
+      // One head's attention holds a few N x N matrices (logits, P and their products): refused
+      // here, naming the flag, rather than by the allocator halfway through the run.
+      const double n = static_cast<double>(o_.tokens);
+      const double need = 4 * 8 * n * n;
+      const double budget = static_cast<double>(JacobianKappaOptions{}.resolved_memory_budget());
+      if (need > budget) {
+        std::ostringstream e;
+        e << "--tokens " << o_.tokens << ": one head's attention (" << o_.tokens << " x "
+          << o_.tokens << ", four such matrices) needs about " << need / 1e9
+          << " GB, more than the memory budget of " << budget / 1e9
+          << " GB (a quarter of physical memory); use --tokens "
+          << static_cast<long long>(std::sqrt(budget / 32)) << " or fewer";
+        throw BadInput(e.str());
+      }
       rep_.inputs = "synthetic (seed " + std::to_string(o_.seed) + ")";
     }
     rope_ = rope_config(src_, match_.layout, o_);

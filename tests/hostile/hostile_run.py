@@ -23,9 +23,18 @@ if SANITIZED:
         f"max_allocation_size_mb={ADDRESS_SPACE_LIMIT >> 20}"]))
 
 
+# Under valgrind's memcheck (SPECTRAL_COND_MEMCHECK=1, scripts/memcheck) every run goes through
+# valgrind, which reports uninitialised reads and invalid accesses to a log of its own (the
+# tool's stderr stays what the tests read); the address-space limit is off (valgrind reserves
+# its own), and a run with any report fails its test (Result.memcheck holds the report).
+MEMCHECK = os.environ.get("SPECTRAL_COND_MEMCHECK") == "1"
+
+
 class Result:
-    def __init__(self, rc, stdout, stderr, seconds, max_rss_mb, timed_out, cpu_seconds):
+    def __init__(self, rc, stdout, stderr, seconds, max_rss_mb, timed_out, cpu_seconds,
+                 memcheck=""):
         self.returncode = rc
+        self.memcheck = memcheck  # valgrind's report (MEMCHECK), empty when clean
         self.stdout = stdout
         self.stderr = stderr
         self.seconds = seconds
@@ -41,7 +50,7 @@ class Result:
 
 def _limits(address_space):
     def apply():
-        if address_space and not SANITIZED:
+        if address_space and not SANITIZED and not MEMCHECK:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.setsid()  # its own process group, so that a timeout kills everything it started
@@ -50,9 +59,14 @@ def _limits(address_space):
 
 def run(exe, argv, timeout=5.0, address_space=ADDRESS_SPACE_LIMIT, on_start=None, cwd=None):
     """Runs exe argv; returns Result. `on_start(proc)` is called once the child runs."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(prefix="sc-memcheck-", suffix=".log") as log:
+        cmd = [exe, *argv]
+        if MEMCHECK:
+            cmd = ["valgrind", "--tool=memcheck", "--error-exitcode=99", "--leak-check=no",
+                   "--track-origins=yes", "-q", f"--log-file={log.name}", *cmd]
         t0 = time.monotonic()
-        p = subprocess.Popen([exe, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                              preexec_fn=_limits(address_space), env=ENV, cwd=cwd)
         if on_start is not None:
             on_start(p)
@@ -74,6 +88,12 @@ def run(exe, argv, timeout=5.0, address_space=ADDRESS_SPACE_LIMIT, on_start=None
         p.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait again
         out.seek(0)
         err.seek(0)
+        report = ""
+        if MEMCHECK:
+            with open(log.name, encoding="utf-8", errors="replace") as f:
+                report = f.read()
+            if p.returncode == 99 and not report:
+                report = "valgrind exited 99 (errors found)"
         return Result(p.returncode, out.read().decode("utf-8", "replace"),
                       err.read().decode("utf-8", "replace"), seconds, ru.ru_maxrss / 1024.0,
-                      timed_out, ru.ru_utime + ru.ru_stime)
+                      timed_out, ru.ru_utime + ru.ru_stime, report)

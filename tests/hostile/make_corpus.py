@@ -755,6 +755,78 @@ def cli_cases(c, g):
     c.cases[-1]["exit"] = 0
 
 
+def edge_cases(c, g):
+    """The numerical edges (docs/cli.md): inputs at the ends of double's range, exact zeros,
+    single tokens, and the messages of unusual files. A valid input exits 0 (an answer) or 3 (a
+    declined one, with its reason), never 1; a NaN kappa is never a success."""
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((6, 8))
+    W = {k: rng.standard_normal((8, 4)) / 3 for k in ("WQ", "WK", "WV")}
+
+    def arrays(tag, x, ws):
+        p = {"X": c.write(f"edge/{tag}_X.npy", npy_bytes(np.ascontiguousarray(x)))}
+        for k, w in ws.items():
+            p[k] = c.write(f"edge/{tag}_{k}.npy", npy_bytes(np.ascontiguousarray(w)))
+        return ["--x", p["X"], "--wq", p["WQ"], "--wk", p["WK"], "--wv", p["WV"]]
+
+    inputs = {
+        "x_denormal": (X * 1e-310, W),
+        "x_tiny": (X * 1e-300, W),
+        "w_denormal": (X, {k: w * 1e-310 for k, w in W.items()}),
+        "w_huge": (X, {"WQ": W["WQ"] * 1e-300, "WK": W["WK"], "WV": W["WV"] * 1e300}),
+        "one_token": (X[:1], W),
+    }
+    for tag, (x, ws) in inputs.items():
+        att = arrays(tag, x, ws)
+        for m in ("auto", "dense", "gram", "qr", "lobpcg", "iterative", "matfree"):
+            c.add(f"edge_{tag}_{m}", "edge", ["kappa", *att, "--method", m, "--format", "json"],
+                  "kappa(J)", exit=[0, 3], note=f"{tag}, method {m}: an answer or a decline")
+    for tag, scale in (("denormal", 1e-310), ("huge", 1e300), ("zero", 0.0)):
+        p = c.write(f"edge/M_{tag}.npy", npy_bytes(rng.standard_normal((5, 4)) * scale))
+        c.add(f"edge_matrix_{tag}", "edge", ["kappa", "--matrix", p, "--format", "json"],
+              "kappa", exit=[0, 3], note=f"a {tag} matrix: kappa as of a moderate one")
+    # Weights near the ends of the range in a checkpoint: analyze and correct.
+    for tag, scale in (("denormal", 1e-310), ("huge", 1e300)):
+        t = timm(D=8, dtype=np.float64)
+        t = {k: (v * scale if k.endswith("weight") else v) for k, v in t.items()}
+        p = c.write(f"edge/w_{tag}.safetensors", good_st(t))
+        c.add(f"edge_analyze_{tag}", "edge", ["analyze", p, "--heads", "2", "--format", "json"],
+              "", exit=[0, 3], note=f"{tag} weights: kappa(W) as of moderate ones")
+    # Messages: what is named.
+    c.add("edge_unknown_subcommand", "edge", ["frobnicate"], "unknown subcommand 'frobnicate'",
+          note="a subcommand that does not exist is named")
+    d = c.path("edge/fifo_config")
+    os.makedirs(d, exist_ok=True)
+    c.write("edge/fifo_config/model.safetensors", good_st())
+    fifo = os.path.join(d, "config.json")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    c.add("edge_config_fifo", "edge", ["analyze", d], "config.json",
+          note="config.json that is a FIFO is refused by name, never ignored")
+    d = c.path("edge/devzero_config")
+    os.makedirs(d, exist_ok=True)
+    c.write("edge/devzero_config/model.safetensors", good_st())
+    link = os.path.join(d, "config.json")
+    if not os.path.lexists(link):
+        os.symlink("/dev/zero", link)
+    c.add("edge_config_dev_zero", "edge", ["analyze", d], "config.json",
+          note="config.json linked to /dev/zero is refused by name")
+    deep = b'{"__metadata__": ' + b'{"a": ' * 200 + b'"x"' + b'}' * 200 + b'}'
+    p = c.write("edge/deep_meta.safetensors", st_bytes(None, raw_json=deep))
+    c.add("edge_deep_metadata", "edge", ["analyze", p, "--heads", "2"], "__metadata__",
+          note="the nesting limit names where it was reached")
+    rep = c.write("edge/overflow_report.json", b'{"checkpoints": [{"kappa": 1e400}]}')
+    c.add("edge_merge_overflow", "edge", ["merge", rep], "overflow_report.json",
+          note="a number beyond double in a report is refused with the file named")
+    model = c.write("edge/model.safetensors", good_st())
+    c.add("edge_tokens_too_many", "edge", ["analyze", model, "--heads", "2", "--jacobian",
+                                           "--tokens", "65536"], "--tokens 65536",
+          note="a --tokens under the cap whose attention cannot fit memory: named, before work")
+    c.add("edge_verify_dump_unwritable", "edge",
+          ["verify", "--dump", c.path("edge/no/such/dir/dump"), "--instances-per-regime", "1"],
+          "--dump", note="a --dump that cannot be made is refused before the sweep")
+
+
 def build(root):
     c = Corpus(root)
     g = good_npy_set(c)
@@ -767,6 +839,7 @@ def build(root):
     pytorch_cases(c)
     unsupported_cases(c)
     cli_cases(c, g)
+    edge_cases(c, g)
     ids = [k["id"] for k in c.cases]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     with open(c.path("manifest.json"), "w") as f:

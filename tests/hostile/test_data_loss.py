@@ -259,10 +259,28 @@ class DataLoss(unittest.TestCase):
         before = snapshot(self.root)
         sent = {}
 
+        def writing(p):
+            """A temporary output is open: a named one beside the target, or on Linux an
+            unnamed one (O_TMPFILE) in the target's directory, seen among the process's fds."""
+            if any(".tmp." in n for n in os.listdir(self.path("big"))):
+                return True
+            try:
+                fds = os.listdir(f"/proc/{p.pid}/fd")
+            except OSError:
+                return False
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(self.path("big")) and "(deleted)" in target:
+                    return True
+            return False
+
         def on_start(p):
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60 and p.poll() is None:
-                if any(".tmp." in n for n in os.listdir(self.path("big"))):
+                if writing(p):
                     time.sleep(0.01)  # let it write for a moment
                     os.kill(p.pid, sig)
                     sent["at"] = time.monotonic() - t0

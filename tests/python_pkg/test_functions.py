@@ -157,6 +157,33 @@ def test_kappa_jacobian_against_svd_of_J(rng, method):
         assert r.accuracy <= 1e3 * EPS * k
 
 
+@pytest.mark.parametrize("method", ["dense", "gram", "iterative", "lobpcg", "qr", "matfree",
+                                    "auto"])
+def test_kappa_jacobian_at_every_scale(rng, method):
+    """(X 2^k, W 2^-k) leaves kappa(J) unchanged (MATH.md §3, §4 "Scaling into range"): every
+    method gives the unscaled answer at every k with both in range, and never NaN with success
+    (k = -1060 would need W 2^1060, beyond double: refused as NaN/Inf input, by name)."""
+    X, WQ, WK, WV = instance(rng, N=6, D=6, dk=4, dv=3)
+    ref = sc.kappa_jacobian(X, WQ, WK, WV, method="dense")
+    assert ref.info == "success"
+    for k in (-1060, -1000, -600, -64, 64, 600, 1000):
+        Ws = [np.ldexp(W, -k) for W in (WQ, WK, WV)]
+        if not all(np.all(np.isfinite(W)) for W in Ws):  # W 2^1060 overflows: refused by name
+            with pytest.raises(ValueError, match="W_Q contains NaN or Inf"):
+                sc.kappa_jacobian(np.ldexp(X, k), *Ws, method=method)
+            continue
+        r = sc.kappa_jacobian(np.ldexp(X, k), *Ws, method=method)
+        if r.info == "success":
+            assert math.isfinite(r.kappa) and r.kappa >= 1, (k, r.note)
+        else:
+            assert r.info in ("singular", "inaccurate", "not_converging", "invalid_input"), r.info
+            assert r.note
+        if abs(k) <= 1000:
+            assert r.info == "success", (k, r.info, r.note)
+            assert abs(r.kappa - ref.kappa) <= max(100 * r.accuracy, 1e3 * EPS * ref.kappa) * \
+                ref.kappa, (k, r.kappa, ref.kappa)
+
+
 def test_kappa_jacobian_float32_computes_in_double(rng):
     X, WQ, WK, WV = instance(rng, N=6, D=6, dk=4, dv=3)
     r64 = sc.kappa_jacobian(*(a.astype(np.float32).astype(np.float64) for a in (X, WQ, WK, WV)),

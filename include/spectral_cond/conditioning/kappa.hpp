@@ -9,6 +9,7 @@
 #pragma once
 
 #include "spectral_cond/core/common.hpp"
+#include "spectral_cond/core/scaling.hpp"
 
 #include "spectral_cond/linalg/svd.hpp"
 
@@ -231,11 +232,34 @@ ConditionResult<typename D::Scalar> kappa(const Eigen::MatrixBase<D>& M,
     bad.method = "none";
     return bad;
   }
+  // The SVD runs on M 2^k with max |M_ij| 2^k in [1, 2) (exact, core/scaling.hpp): entries
+  // near the underflow or overflow threshold give the κ of moderate ones; σ are scaled back.
+  // (float and double; an extended type such as MPFR has the range it needs.)
+  int k = 0;
+  if constexpr (std::is_floating_point<Scalar>::value) k = balancing_exponent<Scalar>(m);
   std::string name, svd_note;
   Info svd_info = Info::Success;
-  const Vec<Scalar> sv = detail::svd_values<Scalar>(m, opts.svd, name, svd_note, svd_info);
+  Vec<Scalar> sv;
+  if constexpr (std::is_floating_point<Scalar>::value) {
+    if (k != 0)
+      sv = detail::svd_values<Scalar>(times_pow2<Scalar>(m, k), opts.svd, name, svd_note,
+                                      svd_info);
+  }
+  if (k == 0) sv = detail::svd_values<Scalar>(m, opts.svd, name, svd_note, svd_info);
+  if (!sv.allFinite()) {
+    auto bad = detail::invalid_condition<Scalar>("the SVD returned NaN or Inf");
+    bad.method = name;
+    bad.info = Info::NotConverging;
+    bad.note = "the SVD (" + name + ") returned NaN or Inf singular values" +
+               (svd_note.empty() ? std::string() : "; " + svd_note);
+    return bad;
+  }
   ConditionResult<Scalar> res =
       condition_from_singular_values<Scalar>(sv, m.rows(), m.cols(), opts, name);
+  if constexpr (std::is_floating_point<Scalar>::value) {
+    for (Scalar* x : {&res.sigma_max, &res.sigma_min, &res.sigma_min_plus, &res.rank_tol})
+      if (std::isfinite(*x)) *x = std::ldexp(*x, -k);
+  }
   if (svd_info != Info::Success) res.info = svd_info;
   if (!svd_note.empty()) res.note = res.note.empty() ? svd_note : svd_note + "; " + res.note;
   return res;

@@ -192,6 +192,15 @@ class CheckpointReader {
   /// The GGUF file, or nullptr for other sources.
   const GgufFile* gguf() const { return gguf_.get(); }
 
+  /// Opens every shard of a sharded checkpoint now (safetensors: mapped and its header checked;
+  /// PyTorch: its archive and pickle read without tensor data) and checks the index against
+  /// each, so that a truncated, foreign or linked-away shard is an error at the start, naming
+  /// the shard, even when it holds no tensor the analysis reads. A single file: nothing to do.
+  void open_all_shards() const {
+    if (ckpt_) ckpt_->open_all();
+    for (const auto& kv : pt_index_.weight_map) (void)pt_shard_for(kv.first);
+  }
+
   /// Every tensor name, sorted.
   const std::vector<std::string>& names() const { return names_; }
   bool contains(const std::string& name) const {

@@ -9,7 +9,7 @@
 // exist, and a target that is the same file as any input opened so far or named by the caller
 // (same path, a hard link or a symbolic link to it: compared by device and inode).
 // Temporary files: registered while they exist, so that install_signal_cleanup()'s handler can
-// remove them when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends the process.
+// remove them when a catchable signal ends the process (install_signal_cleanup names them).
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
@@ -110,14 +110,19 @@ extern "C" inline void remove_temps_and_reraise(int sig) {
 
 }  // namespace detail
 
-/// Removes registered temporary files when SIGINT, SIGTERM, SIGHUP or SIGQUIT arrives, then
-/// lets the signal end the process as it would have. Call once, early in main().
+/// Removes registered temporary files when a signal whose default action ends the process
+/// arrives (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ, SIGXCPU, SIGALRM, SIGVTALRM,
+/// SIGPROF, SIGUSR1, SIGUSR2), then lets the signal end the process as it would have. Call once,
+/// early in main(). (SIGKILL cannot be caught: on Linux atomic writes use unnamed temporary
+/// files, atomic_file.hpp, which it cannot leave behind.)
 inline void install_signal_cleanup() {
   struct sigaction sa {};
   sa.sa_handler = detail::remove_temps_and_reraise;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ, SIGXCPU, SIGALRM, SIGVTALRM,
+                  SIGPROF, SIGUSR1, SIGUSR2})
+    ::sigaction(sig, &sa, nullptr);
 }
 
 /// From now on, check_output_target refuses to write over any input this process has opened

@@ -11,6 +11,7 @@
 #include <Eigen/SVD>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -101,8 +102,7 @@ lapack_int lapack_thin_svd(const CRef<Scalar>& M, Mat<Scalar>& U, Vec<Scalar>& s
 template <typename Scalar>
 Vec<Scalar> svd_values(const CRef<Scalar>& M, SvdMethod method, std::string& name,
                        std::string& note, Info& info) {
-  (void)info;  // written only by the LAPACK backend
-  const Index r = std::min(M.rows(), M.cols());
+    const Index r = std::min(M.rows(), M.cols());
   constexpr bool lapack_type =
       std::is_same<Scalar, double>::value || std::is_same<Scalar, float>::value;
   if (method == SvdMethod::Auto) {
@@ -130,12 +130,19 @@ Vec<Scalar> svd_values(const CRef<Scalar>& M, SvdMethod method, std::string& nam
     }
   }
 #endif
+  // Eigen leaves the singular values unset when it refuses its input (NaN or Inf): NaN then.
+  auto values = [&](const auto& svd) {
+    if (svd.info() == Eigen::Success) return Vec<Scalar>(svd.singularValues());
+    info = Info::NotConverging;
+    note = name + " failed (Eigen's info " + std::to_string(static_cast<int>(svd.info())) + ")";
+    return Vec<Scalar>(Vec<Scalar>::Constant(r, std::numeric_limits<Scalar>::quiet_NaN()));
+  };
   if (method == SvdMethod::Jacobi) {
     name = "jacobi_svd";
-    return Eigen::JacobiSVD<Mat<Scalar>>(M).singularValues();
+    return values(Eigen::JacobiSVD<Mat<Scalar>>(M));
   }
   name = "bdc_svd";
-  return Eigen::BDCSVD<Mat<Scalar>>(M).singularValues();
+  return values(Eigen::BDCSVD<Mat<Scalar>>(M));
 }
 
 }  // namespace detail
@@ -149,7 +156,7 @@ struct ThinSvd {
 
 /// The thin SVD of W by JacobiSVD (min(m, n) <= auto_jacobi_max_size), else LAPACK's gesdd where
 /// the build has LAPACKE (SPECTRAL_COND_HAVE_LAPACKE) and W is finite, else BDCSVD. Throws for
-/// an empty W.
+/// an empty W; U, S and V are NaN where the SVD fails (W holds NaN or Inf).
 template <typename D>
 ThinSvd<typename D::Scalar> thin_svd(const Eigen::MatrixBase<D>& W) {
   using Scalar = typename D::Scalar;
@@ -157,7 +164,15 @@ ThinSvd<typename D::Scalar> thin_svd(const Eigen::MatrixBase<D>& W) {
   detail::check_nonempty<Scalar>("thin_svd", w);
   constexpr int opts = Eigen::ComputeThinU | Eigen::ComputeThinV;
   ThinSvd<Scalar> out;
-  auto take = [&out](const auto& svd) {
+  const Index r = std::min(w.rows(), w.cols());
+  auto take = [&](const auto& svd) {
+    if (svd.info() != Eigen::Success) {  // Eigen leaves U, S, V unset: NaN, never garbage
+      const Scalar nan = std::numeric_limits<Scalar>::quiet_NaN();
+      out.U = Mat<Scalar>::Constant(w.rows(), r, nan);
+      out.V = Mat<Scalar>::Constant(w.cols(), r, nan);
+      out.S = Vec<Scalar>::Constant(r, nan);
+      return;
+    }
     out.U = svd.matrixU();
     out.V = svd.matrixV();
     out.S = svd.singularValues();

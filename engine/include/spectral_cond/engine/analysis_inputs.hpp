@@ -7,6 +7,8 @@
 
 #include <spectral_cond/io/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
+#include <spectral_cond/io/error.hpp>
+#include <spectral_cond/io/files.hpp>
 #include <spectral_cond/io/paths.hpp>
 
 #include <sys/stat.h>
@@ -18,6 +20,22 @@
 
 namespace spectral_cond::engine {
 
+/// Whether the checkpoint has a config.json beside it. Something there that is not a regular
+/// file (a FIFO, a device such as a link to /dev/zero, a directory, a dangling link) is refused
+/// with its name, never silently ignored: the head counts and RoPE would otherwise come from
+/// elsewhere without a word.
+inline bool has_config(const std::string& cfg) {
+  struct stat st {};
+  if (::lstat(cfg.c_str(), &st) != 0) return false;  // absent
+  if (::stat(cfg.c_str(), &st) != 0)
+    throw io::IoError(cfg + ": a symbolic link to nothing; config.json beside a checkpoint must "
+                            "be a regular JSON file (or absent)");
+  if (!S_ISREG(st.st_mode))
+    throw io::IoError(cfg + ": " + io::file_kind(st.st_mode) +
+                      " where config.json must be a regular JSON file (or absent)");
+  return true;
+}
+
 /// The head counts of a checkpoint: config.json beside it (when there is one), with --heads and
 /// --kv-heads (0: not given) taking precedence. --heads alone keeps config.json's key/value head
 /// count, as --help says; `source` names where each number came from.
@@ -25,7 +43,7 @@ inline io::HeadConfig head_config(const CheckpointReader& src, std::int64_t head
                                   std::int64_t kv_heads) {
   io::HeadConfig hc;
   const std::string cfg = io::join_path(src.directory(), "config.json");
-  if (io::is_regular_file(cfg)) {
+  if (has_config(cfg)) {
     hc = io::read_head_config(cfg);
   } else if (const io::GgufFile* g = src.gguf()) {  // <arch>.attention.head_count, ...
     const std::string arch = g->get_string("general.architecture").value_or("");
@@ -120,7 +138,7 @@ inline io::RopeConfig rope_config(const CheckpointReader& src, io::Layout layout
     return c;
   }
   const std::string cfg = io::join_path(src.directory(), "config.json");
-  if (io::is_regular_file(cfg))
+  if (has_config(cfg))
     c = io::read_rope_config(cfg);
   else if (const io::GgufFile* g = src.gguf())
     c = io::rope_config_from_gguf(*g);

@@ -7,6 +7,7 @@
 
 #include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/conditioning/kappa.hpp>
+#include <spectral_cond/core/scaling.hpp>
 #include <spectral_cond/linalg/svd.hpp>
 
 #include <array>
@@ -87,28 +88,38 @@ inline MatrixStats matrix_stats_unscaled(const std::string& role, const std::str
   return m;
 }
 
-/// The statistics of W (see matrix_stats_unscaled), computed on W / s and λ / s with s the power
-/// of two at the top of max |W_ij|: every κ (of W, of W + λ E, of W + C) and the Weyl bound are
-/// unchanged by that scaling (MATH.md §4, §6, §7) and the scaling is exact, so weights near the
-/// overflow or underflow threshold of double give the same κ as moderate ones; the singular
-/// values and α are scaled back.
+/// The statistics of W (see matrix_stats_unscaled), computed on W 2^k and λ 2^k with powers of
+/// two that bring the entries into [1, 2): every κ (of W, of W + λ E, of W + C) and the Weyl
+/// bound are unchanged by that scaling (MATH.md §4, §6, §7) and the scaling is exact, so weights
+/// near the overflow or underflow threshold of double give the same κ as moderate ones; the
+/// singular values and α are scaled back.
 inline MatrixStats matrix_stats(const std::string& role, const std::string& tensor, io::Dtype dtype,
                                 const Mat<double>& W, const Addend& E_fused,
                                 const Addend& E_per_head, bool same_placements, double lambda,
                                 const std::optional<double>& target) {
-  int e = 1;
-  const double wmax = W.size() > 0 ? W.cwiseAbs().maxCoeff() : 0.0;
-  if (wmax > 0) (void)std::frexp(wmax, &e);
-  if (e == 1)
-    return matrix_stats_unscaled(role, tensor, dtype, W, E_fused, E_per_head, same_placements,
-                                 lambda, target);
-  const double down = std::ldexp(1.0, 1 - e), s = std::ldexp(1.0, e - 1);
-  MatrixStats m = matrix_stats_unscaled(role, tensor, dtype, Mat<double>(W * down), E_fused,
-                                        E_per_head, same_placements, lambda * down, target);
+  // Each quantity is computed on W 2^k, exactly (core/scaling.hpp; the factor itself may be
+  // out of range, so it is applied entry by entry): κ(W) and W + C with k from max |W_ij|, the
+  // placements W + λ E with k from max(max |W_ij|, λ), so that neither W nor λ leaves the range.
+  const int k = balancing_exponent<double>(W);
+  const int kc = balancing_exponent_of(
+      std::max(W.allFinite() ? W.cwiseAbs().maxCoeff() : 0.0, std::abs(lambda)));
+  auto scaled = [&W](int e) { return e == 0 ? W : times_pow2<double>(W, e); };
+  MatrixStats m = matrix_stats_unscaled(role, tensor, dtype, scaled(k), E_fused, E_per_head,
+                                        same_placements, std::ldexp(lambda, k), target);
   for (double* x : {&m.cond.sigma_max, &m.cond.sigma_min, &m.cond.sigma_min_plus, &m.cond.rank_tol,
-                    &m.fused.sigma_max, &m.fused.sigma_min, &m.per_head.sigma_max,
-                    &m.per_head.sigma_min, &m.exact_alpha})
-    *x *= s;
+                    &m.exact_alpha})
+    *x = std::ldexp(*x, -k);
+  int kp = k;  // the exponent the placements were computed at
+  if (kc != k) {
+    const Mat<double> Wc = scaled(kc);
+    const double lc = std::ldexp(lambda, kc), sc = std::ldexp(m.cond.sigma_max, kc);
+    m.fused = corrected_kappa(Wc, E_fused, lc, sc);
+    m.per_head = same_placements ? m.fused : corrected_kappa(Wc, E_per_head, lc, sc);
+    kp = kc;
+  }
+  for (double* x : {&m.fused.sigma_max, &m.fused.sigma_min, &m.per_head.sigma_max,
+                    &m.per_head.sigma_min})
+    *x = std::ldexp(*x, -kp);
   return m;
 }
 

@@ -5,9 +5,12 @@
 
 #include "spectral_cond/conditioning/kappa.hpp"
 #include "spectral_cond/conditioning/methods/options.hpp"
+#include "spectral_cond/jacobian/gram.hpp"
 #include "spectral_cond/jacobian/jacobian.hpp"
 #include "spectral_cond/jacobian/operators.hpp"
 #include "spectral_cond/linalg/lanczos.hpp"
+
+#include <Eigen/Cholesky>
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +57,9 @@ KJInputs kj_inputs(const CRef<Scalar>& X, const CRef<Scalar>& WQ, const CRef<Sca
   in.WK = WK.template cast<double>();
   in.WV = WV.template cast<double>();
   in.opts = to_double(o);
-  in.opts.scale = static_cast<double>(o.resolved_scale(WQ.cols()));
+  // The default scale 1/sqrt(d_k) in double, as qr and dense take it: resolved in float it
+  // differs by 1e-8, and the answers of the methods with it (the certificate caught it).
+  in.opts.scale = in.opts.resolved_scale(WQ.cols());
   in.rows = jacobian_rows(X.rows(), WV.cols());
   in.cols = jacobian_cols(JacobianBlock::All, X.rows(), X.cols(), WQ.cols(), WV.cols());
   return in;
@@ -64,6 +69,23 @@ inline KappaOptions<double> kappa_opts(const JacobianKappaOptions& jo) {
   KappaOptions<double> k;
   k.rtol = jo.rtol;
   return k;
+}
+
+/// A squared method's singular verdict that it cannot make: at its resolution sqrt(n ε) σ_1 a
+/// small σ of a nonsingular J and rounding noise look alike, and an uncertain rank is never a
+/// `singular` verdict (ConditionResult). The answer becomes a decline (Inaccurate, κ and σ_min
+/// NaN) that says why and what to use.
+inline void gram_undecided(ConditionResult<double>& res, const std::string& why) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::ostringstream s;
+  s << "cannot tell a singular J from one with kappa above about " << res.sigma_max / res.rank_tol
+    << ": its smallest singular values lie at its resolution " << res.rank_tol << " ("
+    << why << "); use method qr or dense";
+  res.info = Info::Inaccurate;
+  res.kappa = res.sigma_min = res.kappa_plus = res.sigma_min_plus = nan;
+  res.rank = -1;
+  res.rank_certain = false;
+  res.note = s.str();
 }
 
 /// Singular values from the eigenvalues of a Gram matrix (ascending, as Eigen returns them),
@@ -81,6 +103,8 @@ inline ConditionResult<double> condition_from_gram_eigenvalues(const Vec<double>
   const double floor = std::sqrt(static_cast<double>(g) * ScalarTraits<double>::eps());
   ko.rtol = std::max(ko.resolved_rtol(m, n), floor);
   ConditionResult<double> res = condition_from_singular_values<double>(sv, m, n, ko, method);
+  if (res.info == Info::Singular && res.rank > 0 && !res.rank_certain)
+    gram_undecided(res, "a singular value lies within the rank certificate's margin of it");
   return res;
 }
 
@@ -128,6 +152,34 @@ std::optional<ConditionResult<double>> zero_jacobian(const CRef<Scalar>& X, cons
   res.note = "X = 0, so J = 0: " + res.note;
   if (jo.progress) jo.progress(1.0);
   return res;
+}
+
+/// Inputs so large that Q, K, V, the logits c Q K^T or the query-key blocks of J (products
+/// c X K V and c X Q V, MATH.md §3) overflow double would put NaN or Inf into J: refused before
+/// any method runs (Info::InvalidInput, with the reason), never a result of NaN arithmetic.
+inline std::optional<ConditionResult<double>> overflowing(const KJInputs& in, const char* method) {
+  Mat<double> Q = in.X * in.WQ, K = in.X * in.WK, V = in.X * in.WV;
+  if (in.opts.bias_q.size() > 0) Q.rowwise() += in.opts.bias_q.transpose();
+  if (in.opts.bias_k.size() > 0) K.rowwise() += in.opts.bias_k.transpose();
+  if (in.opts.bias_v.size() > 0) V.rowwise() += in.opts.bias_v.transpose();
+  const char* what = nullptr;
+  if (!(Q.allFinite() && K.allFinite() && V.allFinite())) {
+    what = "X W_Q, X W_K or X W_V overflows double";
+  } else {
+    const double c = std::abs(in.opts.resolved_scale(in.WQ.cols()));
+    const double n = static_cast<double>(in.X.rows());
+    const double mx = in.X.cwiseAbs().maxCoeff(), mq = Q.cwiseAbs().maxCoeff(),
+                 mk = K.cwiseAbs().maxCoeff(), mv = V.cwiseAbs().maxCoeff();
+    if (!Mat<double>(c * (Q * K.transpose())).allFinite())
+      what = "the logits c Q K^T overflow double";
+    else if (!std::isfinite(4 * c * n * mx * mv * std::max(mq, mk)))
+      what = "the query-key blocks of J (products c X K V and c X Q V) overflow double";
+  }
+  if (what == nullptr) return std::nullopt;
+  ConditionResult<double> bad = invalid_condition<double>(what);
+  bad.method = method;
+  bad.note = std::string(what) + ": NaN or Inf would enter J (are the inputs very large?)";
+  return bad;
 }
 
 /// The single-method entry points do not reparametrise (only kappa_jacobian does).
@@ -291,6 +343,56 @@ struct LobpcgRun {
   }
 };
 
+/// The largest order of J J^T (or J^T J) at which an iterative answer's σ_min is certified as
+/// the smallest by a factorisation: 3000, a 72 MB matrix and about 1e10 flops.
+inline constexpr Index certify_max_order = 3000;
+
+/// An iterative method's residual bound says that an eigenvalue of J J^T lies near σ_min^2, not
+/// that none lies below it: Lanczos can converge to a neighbour of the smallest (MATH.md §12).
+/// Where J J^T (J^T J when J is tall) has order <= certify_max_order this forms it (structured,
+/// jacobian/gram.hpp) and certifies that no eigenvalue lies below θ = (σ_min (1 - a))^2 - δ, a
+/// the stated accuracy and δ = 16 (m + n) ε σ_1^2 the rounding of the formed matrix (J m x n)
+/// and of its factorisation: a Cholesky
+/// factorisation of G - θ I succeeds exactly when G - θ I is positive definite (an inertia count
+/// of zero). Returns the reason to decline when it fails; otherwise adds what was certified, or
+/// the assumption left unchecked (order above the limit, or σ_min^2 below δ), to the note.
+inline std::string certify_smallest(const KJInputs& in, ConditionResult<double>& res) {
+  const Index g = std::min(in.rows, in.cols);
+  const double eps = ScalarTraits<double>::eps();
+  const double a = std::min(res.accuracy, 0.5);
+  const double delta = 16 * static_cast<double>(in.rows + in.cols) * eps * res.sigma_max *
+                       res.sigma_max;
+  const double theta = res.sigma_min * (1 - a) * res.sigma_min * (1 - a) - delta;
+  std::ostringstream s;
+  auto assumed = [&](const std::string& why) {
+    s << "sigma_min assumed the smallest (an iteration's residual bounds the distance to an "
+         "eigenvalue, not which one; "
+      << why << ")";
+    res.note = res.note.empty() ? s.str() : res.note + "; " + s.str();
+    return std::string();
+  };
+  if (g > certify_max_order)
+    return assumed("a certificate is made up to order " + std::to_string(certify_max_order) +
+                   ", this J J^T has order " + std::to_string(g));
+  if (!(theta > 0))
+    return assumed("sigma_min^2 lies within the rounding of J J^T, below what a factorisation "
+                   "of it can certify");
+  Mat<double> G = in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
+                            : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts);
+  G.diagonal().array() -= theta;
+  const Eigen::LLT<Mat<double>> llt(G);
+  if (llt.info() != Eigen::Success) {
+    s << "an eigenvalue of " << (in.wide() ? "J J^T" : "J^T J") << " lies below (sigma_min (1 - "
+      << "accuracy))^2 = " << theta + delta << " (its Cholesky factorisation shifted by that "
+      << "fails): the method converged to a singular value that is not the smallest";
+    return s.str();
+  }
+  s << "certified the smallest: " << (in.wide() ? "J J^T" : "J^T J") << " - theta I with theta = "
+    << theta << " is positive definite (Cholesky)";
+  res.note = res.note.empty() ? s.str() : res.note + "; " + s.str();
+  return {};
+}
+
 /// Every κ(J) result is checked before it leaves the library (MATH.md §12): a success must have
 /// σ_max >= σ_min >= 0, finite, κ >= 1 (up to its stated accuracy), and a σ_max that is not
 /// below the matrix-free power-method bound on σ_max(J) (by more than rounding). A result that
@@ -322,6 +424,9 @@ inline ConditionResult<double> validated(const KJInputs& in, ConditionResult<dou
       why << "sigma_max = " << res.sigma_max << " is below the power-method bound " << lower
           << " on sigma_max(J)";
   }
+  // Iterative answers (iterations > 0): nothing below σ_min, or declined.
+  if (why.str().empty() && res.info == Info::Success && res.iterations > 0)
+    why << certify_smallest(in, res);
   if (why.str().empty()) return res;
   ConditionResult<double> bad = res;
   bad.sigma_max = bad.sigma_min = bad.kappa = bad.sigma_min_plus = bad.kappa_plus = nan;

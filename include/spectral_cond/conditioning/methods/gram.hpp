@@ -97,13 +97,18 @@ ConditionResult<double> gram_condition_of(Gram& G, Index rows, Index cols, bool 
     const bool pd = G.factor();
     if (jo.progress) jo.progress(0.8);
     const double floor = std::sqrt(static_cast<double>(n) * ScalarTraits<double>::eps());
-    if (!pd) {
+    if (!pd && rows > cols) {
+      // A tall J is singular by structure (its gauge directions, MATH.md §4): certain.
       res.sigma_min = 0;
       res.kappa = ScalarTraits<double>::inf();
       res.sigma_min_plus = res.kappa_plus = std::numeric_limits<double>::quiet_NaN();
       res.info = Info::Singular;
       res.note = std::string("Cholesky of ") + which +
-                 " failed: singular at working precision (kappa_plus needs method qr or dense)";
+                 " failed: J is tall, so its gauge directions make it singular (kappa_plus needs "
+                 "method qr or dense)";
+    } else if (!pd) {
+      res.rank_tol = floor * res.sigma_max;
+      gram_undecided(res, std::string("the Cholesky factorisation of ") + which + " failed");
     } else {
       auto inv = G.inverse();
       const LanczosOutcome small = lanczos_largest(inv, jo.lanczos);
@@ -116,9 +121,10 @@ ConditionResult<double> gram_condition_of(Gram& G, Index rows, Index cols, bool 
       res.sigma_min_plus = res.sigma_min;
       res.kappa_plus = res.kappa;
       if (res.sigma_min < floor * res.sigma_max) {
-        res.kappa = ScalarTraits<double>::inf();
-        res.info = Info::Singular;
-        res.note = "sigma_min below sqrt(n eps) sigma_1: indistinguishable from zero by gram";
+        res.rank_tol = floor * res.sigma_max;
+        std::ostringstream why;
+        why << "sigma_min = " << res.sigma_min << " lies below it";
+        gram_undecided(res, why.str());
       }
       if (!std::isfinite(lmax) || !std::isfinite(linv)) res.info = Info::NotConverging;
     }

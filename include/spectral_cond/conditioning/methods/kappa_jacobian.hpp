@@ -39,6 +39,7 @@
 #include "spectral_cond/conditioning/methods/lobpcg.hpp"
 #include "spectral_cond/conditioning/methods/matfree.hpp"
 #include "spectral_cond/conditioning/methods/plan.hpp"
+#include "spectral_cond/core/scaling.hpp"
 #include "spectral_cond/conditioning/methods/qr.hpp"
 
 namespace spectral_cond {
@@ -61,29 +62,24 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   if (auto bad = detail::check_kj_inputs<Scalar>("kappa_jacobian", X, WQ, WK, WV, opts, jo,
                                                  to_string(jo.method)))
     return *bad;
-  // κ(J) is the same for (X / s, W s) (Q, K, V and P do not change; J scales by 1 / s,
-  // MATH.md §3). With s the power of two at the top of max |X| the rescaling is exact, and every
-  // method then works on X of order 1: no overflow or underflow in J or J J^T from the scale of
-  // X alone, and one answer for every scale. The singular values are scaled back.
-  {
-    int e = 0;
-    (void)std::frexp(static_cast<double>(X.cwiseAbs().maxCoeff()), &e);
-    if (e != 1) {
-      const Mat<Scalar> Xs = X * static_cast<Scalar>(std::ldexp(1.0, 1 - e));
-      const Scalar up = static_cast<Scalar>(std::ldexp(1.0, e - 1));
-      const Mat<Scalar> Qs = WQ * up, Ks = WK * up, Vs = WV * up;
-      if (Xs.allFinite() && Qs.allFinite() && Ks.allFinite() && Vs.allFinite()) {
-        ConditionResult<double> r = kappa_jacobian<Scalar>(Xs, Qs, Ks, Vs, opts, jo);
-        const double s = std::ldexp(1.0, e - 1);
-        r.sigma_max *= s;
-        r.sigma_min *= s;
-        r.sigma_min_plus *= s;
-        r.rank_tol *= s;
-        return r;
-      }
+  // κ(J) is the same for (X 2^k, W 2^-k) (Q, K, V and P do not change; J scales by 2^k,
+  // MATH.md §3). With max |X| 2^k in [1, 2) the rescaling is exact (core/scaling.hpp), and
+  // every method then works on X of order 1, so that J_V = P X (x) I is of order 1 and what
+  // underflows in J is negligible against its norm: one answer for every scale of X, from
+  // denormal to near overflow. The singular values are scaled back.
+  if (const int k = balancing_exponent<Scalar>(X); k != 0) {
+    const Mat<Scalar> Xs = times_pow2<Scalar>(X, k);
+    const Mat<Scalar> Qs = times_pow2<Scalar>(WQ, -k), Ks = times_pow2<Scalar>(WK, -k),
+                      Vs = times_pow2<Scalar>(WV, -k);
+    if (Qs.allFinite() && Ks.allFinite() && Vs.allFinite()) {
+      ConditionResult<double> r = kappa_jacobian<Scalar>(Xs, Qs, Ks, Vs, opts, jo);
+      for (double* x : {&r.sigma_max, &r.sigma_min, &r.sigma_min_plus, &r.rank_tol})
+        if (std::isfinite(*x)) *x = std::ldexp(*x, -k);
+      return r;
     }
   }
   const detail::KJInputs in = detail::kj_inputs<Scalar>(X, WQ, WK, WV, opts);
+  if (auto over = detail::overflowing(in, to_string(jo.method))) return *over;
   auto qr = [&] {
     QrKappaOptions qo = jo.qr;
     qo.rtol = jo.rtol;

@@ -127,8 +127,20 @@ ConditionResult<double> condition_of_triangular(const Triangular& R, Index mJ, I
   ko.rtol = q.rtol;
   auto dense = [&](const char* why) {
     Vec<double> sv = Vec<double>::Zero(rJ);
-    if (k > 0) sv.head(k) = Eigen::BDCSVD<Mat<double>>(R.matrix()).singularValues();
     note << "; singular values of R by a dense SVD (" << why << ")";
+    if (k > 0) {
+      const Mat<double> Rm = R.matrix();
+      const Eigen::BDCSVD<Mat<double>> svd(Rm);
+      if (!Rm.allFinite() || svd.info() != Eigen::Success) {  // never unset values as σ
+        ConditionResult<double> bad = invalid_condition<double>("");
+        bad.info = Rm.allFinite() ? Info::NotConverging : Info::InvalidInput;
+        bad.method = "qr";
+        bad.note = Rm.allFinite() ? "the SVD of R did not converge"
+                                  : "R has NaN or Inf entries (the inputs overflow double)";
+        return bad;
+      }
+      sv.head(k) = svd.singularValues();
+    }
     return condition_from_singular_values<double>(sv, mJ, nJ, ko, "qr");
   };
   if (k < 64 || k < rJ || (tall && k <= q.dense_svd_max))

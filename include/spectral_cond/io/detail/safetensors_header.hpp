@@ -90,6 +90,7 @@ class SafetensorsSax {
   std::vector<RawEntry> entries;
   std::map<std::string, std::string> metadata;
   std::string duplicate, where, error, metadata_error;
+  std::string deep_in;  ///< the top-level key under which the nesting limit was reached
   bool not_object = false, too_deep = false, metadata_not_object = false, has_metadata = false;
 
   bool null() { return scalar(Kind::Other, 0, nullptr); }
@@ -213,6 +214,8 @@ class SafetensorsSax {
   bool open(bool object) {
     if (depth_ >= kMaxJsonDepth) {
       too_deep = true;
+      deep_in = in_metadata_ ? "__metadata__"
+                             : (entries.empty() ? std::string() : entries.back().name);
       return false;
     }
     if (depth_ == 0 && !object) {

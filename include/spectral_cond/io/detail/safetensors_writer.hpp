@@ -26,6 +26,46 @@ struct TensorToWrite {
   ByteView bytes;
 };
 
+namespace detail {
+
+/// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+inline bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    std::uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    static const std::uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+/// `s` with every byte outside printable ASCII written as \xHH, for messages.
+inline std::string escaped_bytes(const std::string& s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// n doubles encoded as dtype (F64, F32, F16 or BF16), rounding to nearest even; values beyond
 /// the format's range become +-inf. Other dtypes: std::invalid_argument.
 inline std::vector<std::uint8_t> encode_values(const double* x, std::size_t n, Dtype dtype) {
@@ -140,6 +180,13 @@ inline void write_safetensors(const std::string& path, const std::vector<TensorT
     const std::size_t sa = dtype_size(a->dtype), sb = dtype_size(b->dtype);
     return sa != sb ? sa > sb : a->name < b->name;
   });
+  // JSON needs UTF-8: a name that is not (an .npz member named in another encoding) is refused
+  // by name, with its bytes escaped, before anything is written.
+  for (const auto* t : order)
+    if (!detail::valid_utf8(t->name))
+      detail::st_fail(path, "tensor name \"" + detail::escaped_bytes(t->name) +
+                                "\" is not valid UTF-8, which a safetensors header (JSON) needs; "
+                                "rename it in the input");
   nlohmann::json h = nlohmann::json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::uint64_t off = 0;
