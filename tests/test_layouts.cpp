@@ -179,15 +179,15 @@ TEST_CASE("config.json: Hugging Face and GPT-2 names") {
   // A config that names a causal language model makes analyze --mask auto causal.
   CHECK_FALSE(head_config_from_json(nlohmann::json::parse(R"({"n_head": 2})"), "c").causal_lm);
   CHECK(head_config_from_json(nlohmann::json::parse(R"({"is_decoder": true})"), "c").causal_lm);
-  CHECK(head_config_from_json(
-            nlohmann::json::parse(R"({"architectures": ["MistralForCausalLM"]})"), "c")
-            .causal_lm);
-  CHECK(head_config_from_json(nlohmann::json::parse(R"({"architectures": ["GPT2LMHeadModel"]})"),
+  CHECK(head_config_from_json(nlohmann::json::parse(R"({"architectures": ["MistralForCausalLM"]})"),
                               "c")
             .causal_lm);
-  CHECK_FALSE(head_config_from_json(
-                  nlohmann::json::parse(R"({"architectures": ["BertForMaskedLM"]})"), "c")
-                  .causal_lm);
+  CHECK(
+      head_config_from_json(nlohmann::json::parse(R"({"architectures": ["GPT2LMHeadModel"]})"), "c")
+          .causal_lm);
+  CHECK_FALSE(
+      head_config_from_json(nlohmann::json::parse(R"({"architectures": ["BertForMaskedLM"]})"), "c")
+          .causal_lm);
   {
     std::ofstream f(path);
     f << "{not json";

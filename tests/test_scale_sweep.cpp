@@ -27,8 +27,8 @@ const std::vector<int> kScales = {-1070, -1060, -1040, -1023, -1000, -900, -600,
                                   -20,   0,     20,    64,    300,   600,  900,  1000};
 
 const std::vector<JacobianKappaMethod> kMethods = {
-    JacobianKappaMethod::Auto,   JacobianKappaMethod::Dense,     JacobianKappaMethod::Gram,
-    JacobianKappaMethod::Qr,     JacobianKappaMethod::Lobpcg,    JacobianKappaMethod::Iterative,
+    JacobianKappaMethod::Auto,   JacobianKappaMethod::Dense,  JacobianKappaMethod::Gram,
+    JacobianKappaMethod::Qr,     JacobianKappaMethod::Lobpcg, JacobianKappaMethod::Iterative,
     JacobianKappaMethod::Matfree};
 
 bool declined(Info i) {
@@ -43,9 +43,9 @@ bool declined(Info i) {
 /// `k`: the answer is of (X 2^k, W 2^-k), whose J is the reference's J times 2^k.
 void check_answer(const ConditionResult<double>& r, const ConditionResult<double>& ref,
                   double resolution, int k = 0) {
-  INFO("answer: info " << to_string(r.info) << " kappa " << r.kappa << " sigma_max "
-                       << r.sigma_max << " sigma_min " << r.sigma_min << " accuracy "
-                       << r.accuracy << " method " << r.method << " note " << r.note);
+  INFO("answer: info " << to_string(r.info) << " kappa " << r.kappa << " sigma_max " << r.sigma_max
+                       << " sigma_min " << r.sigma_min << " accuracy " << r.accuracy << " method "
+                       << r.method << " note " << r.note);
   INFO("reference: info " << to_string(ref.info) << " kappa " << ref.kappa << " sigma_max "
                           << ref.sigma_max);
   if (r.info == Info::Success) {

@@ -95,7 +95,8 @@ TEST_CASE("minilm-after-lambda: a singular J is +inf or a decline by every metho
   Case c = load_case("minilm-after-lambda", 1 / std::sqrt(32.0));
   c.opts.scale.reset();
   auto vec = [](const std::string& n) {
-    return Vec<double>(io::read_npy((kCases / "minilm-after-lambda" / n).string()).to_matrix().col(0));
+    return Vec<double>(
+        io::read_npy((kCases / "minilm-after-lambda" / n).string()).to_matrix().col(0));
   };
   for (bool biases : {false, true}) {
     AttentionOptions<double> o = c.opts;

@@ -533,7 +533,8 @@ TEST_CASE("kappa JSON has the documented keys and writes +inf as \"inf\"") {
   const Mat<double> X = randn<double>(3, 5, rng), WQ = randn<double>(5, 2, rng, 0.4);
   const Mat<double> WK = randn<double>(5, 2, rng, 0.4), WV = randn<double>(5, 2, rng, 0.4);
   const Theorem34Report t = theorem34(X, WQ, WK, WV);
-  const nlohmann::json jb = engine::kappa_json("attention", 6, 30, t.J, &t, VerifyShape{3, 5, 2, 2});
+  const nlohmann::json jb =
+      engine::kappa_json("attention", 6, 30, t.J, &t, VerifyShape{3, 5, 2, 2});
   for (const char* k : {"kappa_X",
                         "kappa_plus_X",
                         "kappa_Lambda",

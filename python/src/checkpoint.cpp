@@ -121,9 +121,9 @@ std::string package_wording(std::string s) {
 /// The engine's analysis of one checkpoint (engine/analysis.hpp: the tool's `analyze`, weights
 /// and corrections), as the tool's JSON report text; spectral_cond.analyze builds its rows from it.
 std::string analyze_checkpoint_py(const std::string& path, const std::string& layout,
-                                  const std::string& map, std::int64_t heads,
-                                  std::int64_t kv_heads, double lambda, std::optional<double> target,
-                                  bool per_head, const std::string& layers) {
+                                  const std::string& map, std::int64_t heads, std::int64_t kv_heads,
+                                  double lambda, std::optional<double> target, bool per_head,
+                                  const std::string& layers) {
   engine::AnalysisOptions o;
   o.layout = layout;
   o.map = map;
@@ -197,9 +197,8 @@ void bind_checkpoint(nb::module_& m) {
       },
       nb::arg("path"), "io::read_head_config: the head counts of a config.json (0: not stated)");
   m.def("analyze_checkpoint", &analyze_checkpoint_py, nb::arg("path"), nb::arg("layout") = "auto",
-        nb::arg("map") = "", nb::arg("heads") = 0, nb::arg("kv_heads") = 0,
-        nb::arg("lam") = 10.0, nb::arg("target") = nb::none(), nb::arg("per_head") = false,
-        nb::arg("layers") = "",
+        nb::arg("map") = "", nb::arg("heads") = 0, nb::arg("kv_heads") = 0, nb::arg("lam") = 10.0,
+        nb::arg("target") = nb::none(), nb::arg("per_head") = false, nb::arg("layers") = "",
         "The engine's analysis of a checkpoint (the tool's analyze), as its JSON report text");
   m.def(
       "open_checkpoint",

@@ -163,8 +163,7 @@ Theorem34Report theorem34_report(const CRef<Scalar>& X, const CRef<Scalar>& WQ,
   const AttentionCache<double> cache = attention_forward(in.X, in.WQ, in.WK, in.WV, in.opts);
   r.P = kappa(cache.P, ko);
   r.Lambda = softmax_jacobian_condition<double>(cache.P, bo.rtol);
-  r.J = given != nullptr ? *given
-                         : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
+  r.J = given != nullptr ? *given : kappa_jacobian<double>(in.X, in.WQ, in.WK, in.WV, in.opts, jo);
   if (bo.blocks) {
     r.have_blocks = true;
     r.JQ = detail::block_condition(in, JacobianBlock::Q, jo);

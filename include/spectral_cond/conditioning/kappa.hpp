@@ -242,8 +242,7 @@ ConditionResult<typename D::Scalar> kappa(const Eigen::MatrixBase<D>& M,
   Vec<Scalar> sv;
   if constexpr (std::is_floating_point<Scalar>::value) {
     if (k != 0)
-      sv = detail::svd_values<Scalar>(times_pow2<Scalar>(m, k), opts.svd, name, svd_note,
-                                      svd_info);
+      sv = detail::svd_values<Scalar>(times_pow2<Scalar>(m, k), opts.svd, name, svd_note, svd_info);
   }
   if (k == 0) sv = detail::svd_values<Scalar>(m, opts.svd, name, svd_note, svd_info);
   if (!sv.allFinite()) {

@@ -42,9 +42,8 @@ Mat<Scalar> times_pow2(const CRef<Scalar>& M, int k) {
 /// normal: [2^-(max_exp - 53), 2^(max_exp - 53)] for doubles, about [1e-292, 1e292].
 inline bool comfortably_normal(double magnitude) {
   constexpr int room = std::numeric_limits<double>::max_exponent - 53;
-  return magnitude == 0 ||
-         (std::isfinite(magnitude) && magnitude >= std::ldexp(1.0, -room) &&
-          magnitude <= std::ldexp(1.0, room));
+  return magnitude == 0 || (std::isfinite(magnitude) && magnitude >= std::ldexp(1.0, -room) &&
+                            magnitude <= std::ldexp(1.0, room));
 }
 
 }  // namespace spectral_cond

@@ -197,8 +197,8 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
       shape.D = bd.x(i).cols();
       shape.d_k = bd.WQ[u].cols();
       shape.d_v = bd.WV[u].cols();
-      const KappaPlan plan = plan_kappa_jacobian(
-          shape, jo, {JacobianKappaMethod::Matfree, JacobianKappaMethod::Qr});
+      const KappaPlan plan =
+          plan_kappa_jacobian(shape, jo, {JacobianKappaMethod::Matfree, JacobianKappaMethod::Qr});
       std::string why = plan.why;
       if (plan.order.empty()) {
         res = spectral_cond::detail::invalid_condition<double>("");
@@ -209,8 +209,7 @@ std::vector<ConditionResult<double>> kappa_jacobian_batched(Context& context,
           res = plan.order[k].method == JacobianKappaMethod::Matfree
                     ? detail::matfree_route(ctx, b, i, jo)
                     : qr();
-          if (res.info == Info::Success || res.info == Info::Singular ||
-              k + 1 == plan.order.size())
+          if (res.info == Info::Success || res.info == Info::Singular || k + 1 == plan.order.size())
             break;
           why += std::string("; ") + to_string(plan.order[k].method) + " did not answer (" +
                  to_string(res.info) + "), so " + to_string(plan.order[k + 1].method);

@@ -122,7 +122,9 @@ class TempFile {
     if (!committed_) discard();
   }
 
-  std::FILE* stream() const { return file_; }
+  std::FILE* stream() const {
+    return file_;
+  }
 
   /// Flushes, fsyncs and puts the file in place of the target; throws IoError on any failure.
   void commit() {

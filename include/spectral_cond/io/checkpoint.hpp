@@ -192,10 +192,8 @@ class CheckpointReader {
   /// The GGUF file, or nullptr for other sources.
   const GgufFile* gguf() const { return gguf_.get(); }
 
-  /// Opens every shard of a sharded checkpoint now (safetensors: mapped and its header checked;
-  /// PyTorch: its archive and pickle read without tensor data) and checks the index against
-  /// each, so that a truncated, foreign or linked-away shard is an error at the start, naming
-  /// the shard, even when it holds no tensor the analysis reads. A single file: nothing to do.
+  /// Opens every shard now (headers only, no tensor data) and checks the index against each: a
+  /// bad shard is an error at the start, naming it, even one holding no tensor that is read.
   void open_all_shards() const {
     if (ckpt_) ckpt_->open_all();
     for (const auto& kv : pt_index_.weight_map) (void)pt_shard_for(kv.first);

@@ -29,7 +29,7 @@ struct HeadConfig {
   /// The config names a decoder-only language model ("is_decoder": true, or an architecture
   /// ending in ForCausalLM or LMHeadModel): its self-attention is causal.
   bool causal_lm = false;
-  std::string source;              ///< where the numbers came from, for reports
+  std::string source;  ///< where the numbers came from, for reports
 };
 
 /// The head counts of a parsed Hugging Face style config: num_attention_heads / n_head,

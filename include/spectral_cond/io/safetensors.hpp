@@ -260,8 +260,7 @@ inline SafetensorsHeader parse_safetensors_header(const std::uint8_t* data, std:
     throw IoError(label + ": not valid JSON: " + detail::json_error_text(ex));
   }
   if (sax.too_deep)
-    throw IoError(label + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                  " levels" +
+    throw IoError(label + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels" +
                   (sax.deep_in.empty() ? std::string() : " under " + detail::quote(sax.deep_in)));
   if (!sax.duplicate.empty())
     throw IoError(label + ": duplicate key " + detail::quote(sax.duplicate) + sax.where);

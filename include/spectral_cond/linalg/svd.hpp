@@ -102,7 +102,7 @@ lapack_int lapack_thin_svd(const CRef<Scalar>& M, Mat<Scalar>& U, Vec<Scalar>& s
 template <typename Scalar>
 Vec<Scalar> svd_values(const CRef<Scalar>& M, SvdMethod method, std::string& name,
                        std::string& note, Info& info) {
-    const Index r = std::min(M.rows(), M.cols());
+  const Index r = std::min(M.rows(), M.cols());
   constexpr bool lapack_type =
       std::is_same<Scalar, double>::value || std::is_same<Scalar, float>::value;
   if (method == SvdMethod::Auto) {

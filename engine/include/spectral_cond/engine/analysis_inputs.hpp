@@ -28,8 +28,9 @@ inline bool has_config(const std::string& cfg) {
   struct stat st {};
   if (::lstat(cfg.c_str(), &st) != 0) return false;  // absent
   if (::stat(cfg.c_str(), &st) != 0)
-    throw io::IoError(cfg + ": a symbolic link to nothing; config.json beside a checkpoint must "
-                            "be a regular JSON file (or absent)");
+    throw io::IoError(cfg +
+                      ": a symbolic link to nothing; config.json beside a checkpoint must "
+                      "be a regular JSON file (or absent)");
   if (!S_ISREG(st.st_mode))
     throw io::IoError(cfg + ": " + io::file_kind(st.st_mode) +
                       " where config.json must be a regular JSON file (or absent)");

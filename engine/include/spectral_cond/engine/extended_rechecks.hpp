@@ -13,7 +13,9 @@ namespace spectral_cond::engine {
 #ifdef SPECTRAL_COND_HAVE_EXTENDED
 VerifyRechecks extended_rechecks();
 #else
-inline VerifyRechecks extended_rechecks() { return {}; }
+inline VerifyRechecks extended_rechecks() {
+  return {};
+}
 #endif
 
 }  // namespace spectral_cond::engine

@@ -117,8 +117,8 @@ inline MatrixStats matrix_stats(const std::string& role, const std::string& tens
     m.per_head = same_placements ? m.fused : corrected_kappa(Wc, E_per_head, lc, sc);
     kp = kc;
   }
-  for (double* x : {&m.fused.sigma_max, &m.fused.sigma_min, &m.per_head.sigma_max,
-                    &m.per_head.sigma_min})
+  for (double* x :
+       {&m.fused.sigma_max, &m.fused.sigma_min, &m.per_head.sigma_max, &m.per_head.sigma_min})
     *x = std::ldexp(*x, -kp);
   return m;
 }

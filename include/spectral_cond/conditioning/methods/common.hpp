@@ -79,8 +79,8 @@ inline void gram_undecided(ConditionResult<double>& res, const std::string& why)
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::ostringstream s;
   s << "cannot tell a singular J from one with kappa above about " << res.sigma_max / res.rank_tol
-    << ": its smallest singular values lie at its resolution " << res.rank_tol << " ("
-    << why << "); use method qr or dense";
+    << ": its smallest singular values lie at its resolution " << res.rank_tol << " (" << why
+    << "); use method qr or dense";
   res.info = Info::Inaccurate;
   res.kappa = res.sigma_min = res.kappa_plus = res.sigma_min_plus = nan;
   res.rank = -1;
@@ -360,8 +360,8 @@ inline std::string certify_smallest(const KJInputs& in, ConditionResult<double>&
   const Index g = std::min(in.rows, in.cols);
   const double eps = ScalarTraits<double>::eps();
   const double a = std::min(res.accuracy, 0.5);
-  const double delta = 16 * static_cast<double>(in.rows + in.cols) * eps * res.sigma_max *
-                       res.sigma_max;
+  const double delta =
+      16 * static_cast<double>(in.rows + in.cols) * eps * res.sigma_max * res.sigma_max;
   const double theta = res.sigma_min * (1 - a) * res.sigma_min * (1 - a) - delta;
   std::ostringstream s;
   auto assumed = [&](const std::string& why) {
@@ -375,8 +375,9 @@ inline std::string certify_smallest(const KJInputs& in, ConditionResult<double>&
     return assumed("a certificate is made up to order " + std::to_string(certify_max_order) +
                    ", this J J^T has order " + std::to_string(g));
   if (!(theta > 0))
-    return assumed("sigma_min^2 lies within the rounding of J J^T, below what a factorisation "
-                   "of it can certify");
+    return assumed(
+        "sigma_min^2 lies within the rounding of J J^T, below what a factorisation "
+        "of it can certify");
   Mat<double> G = in.wide() ? attention_gram(in.X, in.WQ, in.WK, in.WV, in.opts)
                             : attention_normal(in.X, in.WQ, in.WK, in.WV, in.opts);
   G.diagonal().array() -= theta;
@@ -387,8 +388,8 @@ inline std::string certify_smallest(const KJInputs& in, ConditionResult<double>&
       << "fails): the method converged to a singular value that is not the smallest";
     return s.str();
   }
-  s << "certified the smallest: " << (in.wide() ? "J J^T" : "J^T J") << " - theta I with theta = "
-    << theta << " is positive definite (Cholesky)";
+  s << "certified the smallest: " << (in.wide() ? "J J^T" : "J^T J")
+    << " - theta I with theta = " << theta << " is positive definite (Cholesky)";
   res.note = res.note.empty() ? s.str() : res.note + "; " + s.str();
   return {};
 }

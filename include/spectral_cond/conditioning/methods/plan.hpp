@@ -33,16 +33,16 @@ struct KappaShape {
 /// One method's estimated cost.
 struct MethodCost {
   JacobianKappaMethod method = JacobianKappaMethod::Auto;
-  double flops = 0;    ///< floating-point operations, to the order of magnitude
-  double seconds = 0;  ///< flops at the measured rates (one core)
-  double bytes = 0;    ///< peak memory of the method's own arrays
-  bool fits = false;   ///< bytes within the memory budget
-  bool applies = true; ///< false for matfree and lobpcg on a tall J (they decline it)
+  double flops = 0;     ///< floating-point operations, to the order of magnitude
+  double seconds = 0;   ///< flops at the measured rates (one core)
+  double bytes = 0;     ///< peak memory of the method's own arrays
+  bool fits = false;    ///< bytes within the memory budget
+  bool applies = true;  ///< false for matfree and lobpcg on a tall J (they decline it)
 };
 
 /// What `auto` runs: `order[0]` first, the others in turn while they decline.
 struct KappaPlan {
-  std::vector<MethodCost> order;  ///< the candidates, cheapest first (empty: nothing fits)
+  std::vector<MethodCost> order;     ///< the candidates, cheapest first (empty: nothing fits)
   std::vector<MethodCost> left_out;  ///< accurate methods over the memory budget
   std::string why;                   ///< the choice in words, for the result's note
 };
@@ -107,8 +107,8 @@ inline MethodCost estimate_cost(JacobianKappaMethod m, const KappaShape& s,
                            (jo.matfree_coarse > 0 ? kd * kd * kd + kd * kd * N : 0.0);
       const double iteration = 2 * detail::product_flops(s) + 4 * dv * N * N + 4 * kd * kd;
       c.flops = setup + detail::kMatfreeIterations * iteration;
-      c.seconds = setup / detail::kDenseRate +
-                  detail::kMatfreeIterations * iteration / detail::kSmallRate;
+      c.seconds =
+          setup / detail::kDenseRate + detail::kMatfreeIterations * iteration / detail::kSmallRate;
       // The coarse level is left out by matfree itself where it would not fit (matfree.hpp).
       c.bytes = 8 * (2 * dv * N * N + N * dv * r + 3 * N * N);
       const double coarse = jo.matfree_coarse > 0 ? 8 * 2 * kd * kd : 0.0;
@@ -126,11 +126,10 @@ inline MethodCost estimate_cost(JacobianKappaMethod m, const KappaShape& s,
 /// jo.dense_max_entries entries (it is then the cheapest and the reference); otherwise matfree,
 /// lobpcg and qr that apply and fit the memory budget, cheapest first. `available` restricts the
 /// candidates to the methods a backend has (the GPU: matfree and qr; no dense there).
-inline KappaPlan plan_kappa_jacobian(
-    const KappaShape& s, const JacobianKappaOptions& jo,
-    const std::vector<JacobianKappaMethod>& available = {
-        JacobianKappaMethod::Dense, JacobianKappaMethod::Matfree, JacobianKappaMethod::Lobpcg,
-        JacobianKappaMethod::Qr}) {
+inline KappaPlan plan_kappa_jacobian(const KappaShape& s, const JacobianKappaOptions& jo,
+                                     const std::vector<JacobianKappaMethod>& available = {
+                                         JacobianKappaMethod::Dense, JacobianKappaMethod::Matfree,
+                                         JacobianKappaMethod::Lobpcg, JacobianKappaMethod::Qr}) {
   auto has = [&available](JacobianKappaMethod m) {
     return std::find(available.begin(), available.end(), m) != available.end();
   };
@@ -143,8 +142,7 @@ inline KappaPlan plan_kappa_jacobian(
     if (!c.fits) {
       p.left_out.push_back(c);
       why << "auto found no method within the memory budget of "
-          << static_cast<double>(jo.resolved_memory_budget()) << " bytes: dense needs ~"
-          << c.bytes;
+          << static_cast<double>(jo.resolved_memory_budget()) << " bytes: dense needs ~" << c.bytes;
       p.why = why.str();
       return p;
     }
@@ -169,8 +167,7 @@ inline KappaPlan plan_kappa_jacobian(
   } else {
     why << "auto chose " << to_string(p.order[0].method) << " by estimated time (";
     for (std::size_t i = 0; i < p.order.size(); ++i)
-      why << (i ? ", " : "") << to_string(p.order[i].method) << " ~" << p.order[i].seconds
-          << " s";
+      why << (i ? ", " : "") << to_string(p.order[i].method) << " ~" << p.order[i].seconds << " s";
     why << ")";
   }
   for (const MethodCost& c : p.left_out)

@@ -214,8 +214,8 @@ class SafetensorsSax {
   bool open(bool object) {
     if (depth_ >= kMaxJsonDepth) {
       too_deep = true;
-      deep_in = in_metadata_ ? "__metadata__"
-                             : (entries.empty() ? std::string() : entries.back().name);
+      deep_in =
+          in_metadata_ ? "__metadata__" : (entries.empty() ? std::string() : entries.back().name);
       return false;
     }
     if (depth_ == 0 && !object) {

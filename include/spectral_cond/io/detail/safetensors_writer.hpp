@@ -34,7 +34,11 @@ inline bool valid_utf8(const std::string& s) {
   const std::size_t n = s.size();
   for (std::size_t i = 0; i < n;) {
     const unsigned c = p[i];
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    std::size_t len = c < 0x80         ? 1
+                      : (c >> 5) == 6  ? 2
+                      : (c >> 4) == 14 ? 3
+                      : (c >> 3) == 30 ? 4
+                                       : 0;
     if (len == 0 || i + len > n) return false;
     std::uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
     for (std::size_t k = 1; k < len; ++k) {
