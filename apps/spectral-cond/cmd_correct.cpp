@@ -205,7 +205,11 @@ std::vector<io::TensorToWrite> output_tensors(
       keep.emplace_back();
       t.bytes = pt->bytes(name, keep.back());  // in place when contiguous, else gathered
     } else {
-      keep.push_back(encode_array(src.array(name), t.dtype, src.file_of(name)));
+      // npz / npy: the stored bytes where they are already the output's encoding (one buffer
+      // of the array's size), else the values re-encoded; never the whole archive as doubles.
+      keep.emplace_back();
+      if (!src.stored_bytes(name, keep.back()))
+        keep.back() = encode_array(src.array(name), t.dtype, src.file_of(name));
       t.bytes = {keep.back().data(), keep.back().size()};
     }
     out.push_back(std::move(t));

@@ -617,6 +617,35 @@ class TestCorrect(Base):
         self.assertEqual(r.returncode, 2, r.stderr)
 
 
+    def test_correct_copies_npz_members_as_stored_not_as_doubles(self):
+        # A compressed .npz of about 0.1 MB whose float16 member inflates to 64 MiB: correct
+        # copies its stored bytes (one 64 MiB buffer); read as doubles it peaked above 320 MiB.
+        rng = np.random.default_rng(SEED + 24)
+        t, _ = make_model("timm", rng, layers=1, heads=2, dtype=np.float16)
+        t["big"] = np.zeros((4096, 8192), dtype=np.float16)
+        t["big"][7, 11] = 1.5
+        t["fo"] = np.asfortranarray(np.arange(6, dtype="<f8").reshape(2, 3))  # Fortran order
+        src = self.path("npzmem", "model.npz")
+        np.savez_compressed(src, **t)
+        self.assertLess(os.path.getsize(src), 1 << 20)
+        out = self.path("npzmem", "out.safetensors")
+        probe = ("import resource, subprocess, sys; "
+                 "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                 "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                 "print(r.stderr, file=sys.stderr)")
+        cmd = [EXE, "correct", src, "--heads", "2", "--method", "lambda", "--out", out, "--quiet"]
+        r = subprocess.run([sys.executable, "-c", probe, *cmd],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        rc, peak_kb = map(int, r.stdout.split())
+        self.assertEqual(rc, 0, r.stderr)
+        self.assertLess(peak_kb * 1024, 160 << 20, f"peak RSS {peak_kb} kB")
+        from safetensors.numpy import load_file
+        got = load_file(out)
+        self.assertEqual(got["big"].dtype, np.float16)
+        self.assertTrue(np.array_equal(got["big"], t["big"]))
+        self.assertTrue(np.array_equal(got["fo"], np.ascontiguousarray(t["fo"])))
+
+
 class TestJacobian(Base):
     def test_inputs_against_jacobian_command(self):
         rng = np.random.default_rng(SEED + 30)

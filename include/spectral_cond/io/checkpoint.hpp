@@ -78,12 +78,8 @@ namespace detail {
 /// The header of a .npy file held in memory (checked exactly as parse_npy checks it).
 inline detail::NpyHeader npy_header(const std::uint8_t* data, std::size_t size,
                                     const std::string& name) {
-  const detail::NpyPreamble pre = detail::parse_npy_preamble(data, size, name);
-  detail::NpyHeader h =
-      detail::NpyHeaderParser(reinterpret_cast<const char*>(data) + pre.header_offset,
-                              pre.header_len, name)
-          .parse();
-  detail::check_npy_data_size(h, size - pre.header_offset - pre.header_len, name);
+  detail::NpyHeader h;
+  (void)detail::npy_data_offset(data, size, name, h);
   return h;
 }
 
@@ -228,6 +224,24 @@ class CheckpointReader {
     return entry(name).shape;
   }
 
+  /// npz / npy-dir array `name`'s data as stored, when that is already its safetensors encoding
+  /// (row-major, little-endian): true with the bytes in `out`, one buffer of the array's size.
+  /// False for a Fortran-order array (use array() and re-encode it).
+  bool stored_bytes(const std::string& name, std::vector<std::uint8_t>& out) const {
+    const Entry& e = entry(name);
+    if (e.descr.empty() || e.descr[0] != '<' || (e.fortran && e.shape.size() > 1))
+      return false;
+    detail::NpyHeader h;
+    if (kind_ == CheckpointFormat::Npz) {
+      npz_->stored_data(name, out, h);
+    } else {
+      const MappedFile f(e.file);
+      const std::size_t off = detail::npy_data_offset(f.data(), f.size(), e.file, h);
+      out.assign(f.data() + off, f.data() + off + h.data_bytes);
+    }
+    return true;
+  }
+
   /// The tensor's dtype (for npz / npy-dir sources, the one a corrected tensor is written in).
   Dtype dtype(const std::string& name) const {
     if (ckpt_) return ckpt_->info(name).dtype;
@@ -331,6 +345,7 @@ class CheckpointReader {
     std::vector<std::int64_t> shape;
     std::string descr;
     std::string file;
+    bool fortran = false;
   };
 
   static bool has_npy_files(const std::string& dir) {
@@ -457,7 +472,7 @@ class CheckpointReader {
       const MappedFile m(p);
       const detail::NpyHeader h = detail::npy_header(m.data(), m.size(), p);
       const std::string name = f.substr(0, f.size() - 4);
-      entries_[name] = Entry{h.shape, h.descr, p};
+      entries_[name] = Entry{h.shape, h.descr, p, h.fortran_order};
       names_.push_back(name);
     }
   }
@@ -469,7 +484,7 @@ class CheckpointReader {
       const std::string name = m.name.substr(0, m.name.size() - 4);
       // Only the member's header is read (and, compressed, inflated): never its data.
       const detail::NpyHeader h = npz_->header(name);
-      entries_[name] = Entry{h.shape, h.descr, p};
+      entries_[name] = Entry{h.shape, h.descr, p, h.fortran_order};
       names_.push_back(name);
     }
     std::sort(names_.begin(), names_.end());

@@ -335,6 +335,18 @@ inline void check_npy_data_size(const NpyHeader& h, std::uint64_t available,
                   std::to_string(available));
 }
 
+/// The offset of the data of a .npy file held in memory (`total` bytes at `p`), with its header
+/// in `h`, every check of parse_npy made (the data size included).
+inline std::size_t npy_data_offset(const std::uint8_t* p, std::uint64_t total,
+                                   const std::string& name, NpyHeader& h) {
+  const NpyPreamble pre = parse_npy_preamble(p, total, name);
+  h = NpyHeaderParser(reinterpret_cast<const char*>(p) + pre.header_offset, pre.header_len, name)
+          .parse();
+  const std::size_t off = pre.header_offset + pre.header_len;
+  check_npy_data_size(h, total - off, name);
+  return off;
+}
+
 /// Decodes `count` little-endian floats of `itemsize` bytes at `src` into `dst`.
 inline void decode_le_floats(const std::uint8_t* src, std::size_t count, std::size_t itemsize,
                              double* dst) {

@@ -398,6 +398,27 @@ class NpzFile {
     return read_npz_member_header(map_.data(), map_.size(), path(), *m);
   }
 
+  /// The data of array `name` exactly as stored after its .npy header (its own dtype and byte
+  /// order), inflated (or copied, for a stored member) into `out`, with its header in `h`: one
+  /// buffer of the member's size, never its values as doubles.
+  void stored_data(const std::string& name, std::vector<std::uint8_t>& out,
+                   detail::NpyHeader& h) const {
+    const NpzMember* m = find(name);
+    if (m == nullptr) throw IoError(path() + ": npz: no array " + detail::quote(name));
+    detail::ZipReader z(map_.data(), map_.size(), path());
+    std::vector<std::uint8_t> buf;
+    const ByteView b = z.member_bytes(*m, buf);
+    const std::size_t off =
+        detail::npy_data_offset(b.data, b.size, path() + ": member " + detail::quote(m->name), h);
+    if (buf.empty()) {
+      out.assign(b.data + off, b.data + off + h.data_bytes);
+    } else {
+      buf.erase(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(off));
+      buf.resize(h.data_bytes);
+      out.swap(buf);
+    }
+  }
+
   /// The array `name` ("W" or "W.npy"); IoError naming the file and array when absent.
   NpyArray array(const std::string& name) const {
     const NpzMember* m = find(name);

@@ -56,7 +56,8 @@ inline bool valid_utf8(const std::string& s) {
 inline std::string escaped_bytes(const std::string& s) {
   static const char hex[] = "0123456789abcdef";
   std::string out;
-  for (unsigned char c : s) {
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
     if (c >= 0x20 && c < 0x7F && c != '\\') {
       out += static_cast<char>(c);
     } else {
