@@ -23,7 +23,8 @@ bool replay_file(const std::filesystem::path& path) {
     std::fprintf(stderr, "replay: cannot read %s\n", path.c_str());
     return false;
   }
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
   // A copy of exactly the input's size, so that a read past its end is seen by the sanitizer.
   std::vector<std::uint8_t> data(bytes.begin(), bytes.end());
   LLVMFuzzerTestOneInput(data.empty() ? nullptr : data.data(), data.size());

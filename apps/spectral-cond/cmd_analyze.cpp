@@ -97,16 +97,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeD
   o.mask = a.mask;
   o.jacobian_heads = IndexSelection::parse(a.jacobian_heads, "--jacobian-heads");
 
-  // Before anything is computed: --out may replace only a regular file that is no input (the
-  // checkpoints, their config.json, --inputs; shards are checked as they are found).
-  if (!a.out.empty()) {
-    std::vector<std::string> inputs = a.checkpoints;
-    for (const std::string& c : a.checkpoints)
-      inputs.push_back(
-          io::join_path(io::is_directory(c) ? c : io::parent_directory(c), "config.json"));
-    if (!o.inputs.empty()) inputs.push_back(o.inputs);
-    io::check_output_target(a.out, inputs);
-  }
+  check_report_out(a.out, a.checkpoints, o.inputs);
   auto compute = [&] {
     std::vector<CheckpointReport> reps;
     std::uint64_t item = 0;  // κ(J) work items, numbered across the checkpoints

@@ -119,5 +119,6 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist = nullptr);
 void register_merge(CLI::App& app);
 void register_correct(CLI::App& app);  ///< `correct`: fold a spectral correction into a checkpoint
 void register_demo(CLI::App& app);     ///< `demo`: analyse a built-in ViT-Tiny-shaped model
+void register_advise(CLI::App& app);   ///< `advise`: which lambda and placement (MATH.md §17)
 
 }  // namespace spectral_cond::cli

@@ -28,6 +28,7 @@ int tool_main(int argc, char** argv) {
   register_merge(app);
   register_correct(app);
   register_demo(app);
+  register_advise(app);
   return run_app(app, argc, argv, "spectral-cond");
 }
 

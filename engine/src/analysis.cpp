@@ -1,5 +1,6 @@
 // spectral-cond: analyze_checkpoint (analysis.hpp), as the steps of CheckpointAnalysis::run.
 #include <spectral_cond/engine/analysis.hpp>
+#include <spectral_cond/engine/advice.hpp>
 
 #include <spectral_cond/engine/analysis_inputs.hpp>
 #include <spectral_cond/engine/inputs.hpp>
@@ -160,7 +161,9 @@ class CheckpointAnalysis {
     std::uint64_t k = next_item_;
     for (std::size_t i = 0; i < todo_.size(); ++i) {
       units_ += 1;
-      if (o_.jacobian && !todo_[i]->cross)
+      if (o_.advice && !todo_[i]->cross)
+        units_ += static_cast<double>(advised_heads(*todo_[i], heads_[i]).size());
+      else if (o_.jacobian && !todo_[i]->cross)
         for (std::int64_t h = 0; h < heads_[i].heads; ++h)
           if (o_.jacobian_heads.contains(h) && mine(k++))
             units_ += o_.jacobian_corrections ? 4.0 : 1.0;
@@ -193,6 +196,8 @@ class CheckpointAnalysis {
           "cross-attention: kappa(J) not computed (its queries and its keys and values "
           "come from different inputs; the Jacobian of MATH.md section 3 has one X)" +
           (ls.note.empty() ? std::string() : "; " + ls.note);
+    } else if (o_.advice) {
+      advise_layer(L, W, ls);
     } else if (o_.jacobian) {
       jacobians(L, W, ls);
     }
@@ -357,6 +362,77 @@ class CheckpointAnalysis {
     return out;
   }
 
+  /// X of layer L, its biases and RoPE (ls.model), its mask and logit scale: the attention of
+  /// every head's κ(J), as the model computes it (MATH.md §10).
+  AttentionOptions<double> layer_attention(const io::AttentionLayerSpec& L, LayerStats& ls,
+                                           Mat<double>& X) {
+    X = layer_X(L);
+    ls.tokens = X.rows();
+    rep_.tokens = std::max(rep_.tokens, X.rows());
+    ls.model = layer_model(L, ls.heads);
+    AttentionOptions<double> ao;
+    ao.scale = o_.scale;
+    if (!o_.scale && L.unscaled) ao.scale = 1.0;
+    ls.causal = o_.mask == "causal" ||
+                (o_.mask == "auto" && (L.causal || (rep_.head_config.causal_lm && !L.cross)));
+    ao.mask = ls.causal ? MaskKind::Causal : MaskKind::None;
+    return ao;
+  }
+
+  /// Head h's attention options: the layer's, with its slices of the biases and RoPE.
+  static AttentionOptions<double> head_attention(const AttentionOptions<double>& layer,
+                                                 const LayerModel& m, const io::LayerHeads& H,
+                                                 Index h) {
+    const Index g = h / (H.heads / H.kv_heads);
+    AttentionOptions<double> ao = layer;
+    if (m.bq.size() > 0) ao.bias_q = m.bq.segment(h * H.d_k, H.d_k);
+    if (m.bk.size() > 0) ao.bias_k = m.bk.segment(g * H.d_k, H.d_k);
+    if (m.bv.size() > 0) ao.bias_v = m.bv.segment(g * H.d_v, H.d_v);
+    ao.rope = m.rope;
+    return ao;
+  }
+
+  /// `advise`: the heads of layer L to advise (the --jacobian-heads selection, sampled).
+  std::vector<Index> advised_heads(const io::AttentionLayerSpec& L, const io::LayerHeads& H) const {
+    std::vector<Index> allowed;
+    for (Index h = 0; h < H.heads; ++h)
+      if (o_.jacobian_heads.contains(h)) allowed.push_back(h);
+    return sample_heads(allowed, o_.advice_heads, o_.seed, L.index);
+  }
+
+  /// `advise`: the λ advisor on the sampled heads of layer L (MATH.md §17), on --jobs threads.
+  void advise_layer(const io::AttentionLayerSpec& L, const Weights& W, LayerStats& ls) {
+    const io::LayerHeads& H = ls.heads;
+    ls.jacobian_analyzed = true;
+    Mat<double> X;
+    const AttentionOptions<double> ao = layer_attention(L, ls, X);
+    const std::string where = src_.file_of(L.q.tensor) + ": layer " + std::to_string(L.index);
+    check_placements(L, o_.advice->placements, where);
+    const std::vector<Index> heads = advised_heads(L, H);
+    std::vector<HeadPosition> pos;
+    for (const Index h : heads) {
+      pos.push_back({h, H.heads, H.kv_heads});
+      if (packed_layer(L)) pos.back().packed_columns = packed_columns(L, H, h, where);
+    }
+    const unsigned threads = resolved_jobs(o_.jobs, heads.size());
+    AdviceOptions opt = *o_.advice;
+    if (threads > 1)
+      opt.jacobian.qr.threads = std::max(1u, std::max(1u, std::thread::hardware_concurrency()) /
+                                                 threads);
+    ls.advice.assign(heads.size(), HeadAdvice{});
+    parallel_for(heads.size(), threads, [&](std::size_t i) {
+      const Index h = heads[i], g = h / (H.heads / H.kv_heads);
+      const Mat<double> q = W.q.middleCols(h * H.d_k, H.d_k), k = W.k.middleCols(g * H.d_k, H.d_k),
+                        v = W.v.middleCols(g * H.d_v, H.d_v);
+      const AttentionOptions<double> hao = head_attention(ao, ls.model, H, h);
+      require_finite_attention(X, q, k, v, hao,
+                               where + " head " + std::to_string(h) + " (tensor " +
+                                   io::quote(L.q.tensor) + ")");
+      ls.advice[i] = advise_head(X, q, k, v, hao, pos[i], opt);
+      tick(1);
+    });
+  }
+
   /// κ(J) and Theorem 3.4 of every selected head of layer L and of its corrected variants, on
   /// --jobs threads (or batched on the GPU with --device cuda).
   void jacobians(const io::AttentionLayerSpec& L, const Weights& W, LayerStats& ls) {
@@ -365,16 +441,8 @@ class CheckpointAnalysis {
     LayerJacobianJob job;
     job.L = &L;
     job.H = &H;
-    job.X = layer_X(L);
-    ls.tokens = job.X.rows();
-    rep_.tokens = std::max(rep_.tokens, job.X.rows());
-    ls.model = layer_model(L, H);
+    job.ao = layer_attention(L, ls, job.X);
     job.model = &ls.model;
-    job.ao.scale = o_.scale;
-    if (!o_.scale && L.unscaled) job.ao.scale = 1.0;
-    ls.causal = o_.mask == "causal" ||
-                (o_.mask == "auto" && (L.causal || (rep_.head_config.causal_lm && !L.cross)));
-    job.ao.mask = ls.causal ? MaskKind::Causal : MaskKind::None;
     job.bo.blocks = o_.blocks;
     job.bo.jacobian.method = o_.method;
     job.bo.jacobian.tol = o_.tol;
@@ -469,13 +537,7 @@ class CheckpointAnalysis {
     const auto t0 = std::chrono::steady_clock::now();
     const BoundOptions& bo = job.bo;
     const io::LayerHeads& H = *job.H;
-    const LayerModel& m = *job.model;
-    const Index g = h / (H.heads / H.kv_heads);
-    AttentionOptions<double> ao = job.ao;
-    if (m.bq.size() > 0) ao.bias_q = m.bq.segment(h * H.d_k, H.d_k);
-    if (m.bk.size() > 0) ao.bias_k = m.bk.segment(g * H.d_k, H.d_k);
-    if (m.bv.size() > 0) ao.bias_v = m.bv.segment(g * H.d_v, H.d_v);
-    ao.rope = m.rope;
+    const AttentionOptions<double> ao = head_attention(job.ao, *job.model, H, h);
     require_finite_attention(
         job.X, w.q, w.k, w.v, ao,
         job.where + " head " + std::to_string(h) + " (tensor " + io::quote(job.L->q.tensor) + ")");

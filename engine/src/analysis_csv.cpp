@@ -1,7 +1,7 @@
 // spectral-cond: the CSV of `analyze` and `demo` (analysis_format.hpp; columns in
 // docs/checkpoints.md).
 #include <spectral_cond/engine/analysis_format.hpp>
-#include <spectral_cond/engine/number_text.hpp>
+#include <spectral_cond/engine/csv_text.hpp>
 
 #include <cmath>
 #include <sstream>
@@ -9,21 +9,6 @@
 #include <vector>
 
 namespace spectral_cond::engine {
-namespace {
-
-/// A CSV number: round-trip digits, and an empty field for NaN (docs/checkpoints.md).
-std::string csv_number(double x) {
-  return std::isnan(x) ? "" : number_text(x, 17);
-}
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
-}  // namespace
 
 /// One CSV row per (checkpoint, layer, head, matrix) and per Jacobian (matrix "J").
 std::string reports_csv(const std::vector<CheckpointReport>& reps) {

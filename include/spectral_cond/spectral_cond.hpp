@@ -19,6 +19,7 @@
 #include "spectral_cond/jacobian/multihead_jacobian.hpp"
 #include "spectral_cond/jacobian/operators.hpp"
 
+#include "spectral_cond/conditioning/advisor.hpp"
 #include "spectral_cond/conditioning/bound.hpp"
 #include "spectral_cond/conditioning/conditioned.hpp"
 #include "spectral_cond/conditioning/corrections.hpp"

@@ -10,6 +10,8 @@ The functions are the library's (docs/MATH.md has every formula; docs/python.md 
 - attention_diagnostics: the attention pattern, J's block norms, the bound without hypothesis
   (§5, §11)
 - exact_correction, lambda_correction, lambda_identity: the corrections (§6–7)
+- advise_head: which λ and placement of λ I lower κ(J) without saturating attention (§17);
+  spectral_cond.torch.advise does it for a live model
 - open_checkpoint, analyze: a checkpoint on disk, and the tool's analyze of it as rows (§8)
 
 Arrays: numpy float32/float64 (C or Fortran order; Fortran-order arrays are read in place) or
@@ -76,6 +78,11 @@ __all__ = [
     "theorem34",
     "verify",
     "VerifyReport",
+    "Advice",
+    "AdviceChoice",
+    "AdvicePoint",
+    "HeadAdvice",
+    "advise_head",
 ]
 
 Checkpoint = _core.Checkpoint
@@ -308,4 +315,32 @@ def verify(seed: int = 0, instances_per_regime: int = 16, extended: bool = True,
     return VerifyReport.from_json(_core.verify(seed, instances_per_regime, extended, progress))
 
 
+def advise_head(X, WQ, WK, WV, head: int = 0, heads: int = 1, kv_heads: int = 0,
+                lambdas=(0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0),
+                placements=("fused", "per_head", "packed"), scale: Optional[float] = None,
+                mask: Mask = None, biases: Biases = None, rope: Any = None,
+                max_saturated_fraction: float = 0.01, min_qk_ratio: float = 0.1,
+                method: str = "auto", tol: float = 1e-6, memory_budget: int = 0,
+                progress: Progress = None, packed_columns=None) -> "HeadAdvice":
+    """The λ advisor for one head (MATH.md §17). WQ, WK, WV are the head's D x d slices; head,
+    heads, kv_heads say where it sits in its layer (for the fused and packed identities;
+    packed_columns overrides the columns of its Q, K, V slices in a packed weight whose order is
+    not [Q | K | V]). For every λ in `lambdas` and placement in `placements` ('fused',
+    'per_head', 'packed', or a subset such as 'fused:qk' or 'per_head:v'): κ of the corrected
+    slices, κ(J) by `method` with its stated accuracy, κ₊(J), the bound without hypothesis, the
+    attention diagnostics; the predicted (closed form) and measured onset of saturation; and
+    the recommendation: the admissible point (saturated fraction at most
+    max_saturated_fraction, ||J_QK||/||J_V|| at least min_qk_ratio times its λ = 0 value) of
+    least κ(J), or none with the reason. Computes in float64."""
+    fn = "advise_head"
+    lams, pls = check_grid(fn, lambdas, placements)
+    d = _core.advise_head(*_qkv(fn, X, WQ, WK, WV), scale, as_mask(mask, fn),
+                          as_extras(fn, biases, rope), head, heads, kv_heads,
+                          None if packed_columns is None else [int(c) for c in packed_columns],
+                          lams, pls, max_saturated_fraction, min_qk_ratio, method, tol,
+                          memory_budget, progress)
+    return head_advice(d, placements=pls)
+
+
+from ._advice import Advice, AdviceChoice, AdvicePoint, HeadAdvice, check_grid, head_advice  # noqa: E402,E501
 from ._analyze import CheckpointAnalysis, MatrixAnalysis, analyze  # noqa: E402

@@ -302,6 +302,20 @@ def head_models(site: AttentionSite, call: Optional[Call], sample: int, mask: st
     return heads, notes
 
 
+def selected_sites(fn: str, model: nn.Module, layers: Optional[Iterable[int]]):
+    """The model's attention sites and the set of selected layer indices (None: all), with errors
+    that name `fn`: no attention module found, or a layer that does not exist."""
+    sites = find_attention(model)
+    if not sites:
+        raise ValueError(f"{fn}: the model has no attention module spectral_cond knows "
+                         "(docs/python.md, 'Models', lists them)")
+    wanted = None if layers is None else set(int(i) for i in layers)
+    if wanted is not None and not wanted <= set(range(len(sites))):
+        raise ValueError(f"{fn}: layers {sorted(wanted - set(range(len(sites))))} do not exist "
+                         f"(the model has {len(sites)} attention layers, 0 to {len(sites) - 1})")
+    return sites, wanted
+
+
 def check_arguments(fn: str, method: str, tol: float, mask: str, sample: int) -> None:
     methods = ("auto", "dense", "gram", "iterative", "lobpcg", "matfree", "qr")
     if method not in methods:
@@ -350,14 +364,7 @@ def analyze_model(model: nn.Module, inputs: Any, method: str = "auto", tol: floa
     check_arguments(fn, method, tol, mask, sample)
     if calls not in ("all", "first"):
         raise ValueError(f"{fn}: calls must be 'all' or 'first' (got {calls!r})")
-    sites = find_attention(model)
-    if not sites:
-        raise ValueError(f"{fn}: the model has no attention module spectral_cond knows "
-                         "(docs/python.md, 'Models', lists them)")
-    wanted = None if layers is None else set(int(i) for i in layers)
-    if wanted is not None and not wanted <= set(range(len(sites))):
-        raise ValueError(f"{fn}: layers {sorted(wanted - set(range(len(sites))))} do not exist "
-                         f"(the model has {len(sites)} attention layers, 0 to {len(sites) - 1})")
+    sites, wanted = selected_sites(fn, model, layers)
     captured = capture(model, sites, wanted, inputs) if jacobian else None
     todo = [(i, s) for i, s in enumerate(sites) if wanted is None or i in wanted]
     plan = []

@@ -7,6 +7,9 @@
 - monitor(records, value="kappa_J"): kappa over training steps from a KappaMonitor log (a path
   to its JSON lines, or its records): the median over heads per step with the min-max band,
   one line per layer.
+- advice(result): from spectral_cond.torch.advise (or advise_head), kappa(J) (median over the
+  heads) and the saturated fraction (worst head) against lambda, one line per placement, with
+  the recommendation marked.
 
 Every function draws into `ax` when given (else a new figure) and returns the Axes; nothing is
 shown or saved (call fig.savefig). Non-finite values (kappa = +inf for a singular matrix) are
@@ -21,7 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-__all__ = ["heatmap", "monitor", "spectra"]
+__all__ = ["advice", "heatmap", "monitor", "spectra"]
 
 
 def _plt():
@@ -176,3 +179,52 @@ def monitor(data: Any, value: str = "kappa_J", layers: Optional[Iterable[int]] =
     if by:
         ax.legend()
     return ax
+
+
+def advice(result: Any, axes=None):
+    """kappa(J) (top, log scale: the median over the advised heads) and the saturated fraction of
+    P's rows (bottom: the worst head) against lambda, one line per placement, from an Advice
+    (spectral_cond.torch.advise) or a HeadAdvice (spectral_cond.advise_head); the recommended
+    point is circled and named in the title (or the title says none, and why). `axes`: two Axes
+    to draw into (else a new figure). A kappa(J) of +inf (singular J) is a gap, counted in the
+    title. Returns the two Axes."""
+    heads = list(result) if isinstance(result, list) else [result]
+    if not heads:
+        raise ValueError("spectral_cond.plot.advice: the advice holds no heads")
+    best = getattr(result, "best", None)
+    if axes is None:
+        fig, axes = _plt().subplots(2, 1, sharex=True)
+    ax_k, ax_s = axes
+    points = heads[0].points
+    infinite = 0
+    for placement in dict.fromkeys(p.placement for p in points if p.placement != "none"):
+        idx = [i for i, p in enumerate(points) if p.placement == placement]
+        lams = [points[i].lam for i in idx]
+        med, sat = [], []
+        for i in idx:
+            ks = np.array([h.points[i].J.kappa for h in heads], dtype=float)
+            infinite += int(np.isinf(ks).sum())
+            m = float(np.median(ks)) if ks.size else math.nan
+            med.append(m if math.isfinite(m) else math.nan)
+            sat.append(max(h.points[i].diagnostics.saturated_fraction
+                           if h.points[i].diagnostics is not None else math.nan for h in heads))
+        line, = ax_k.semilogy(lams, med, marker="o", label=placement)
+        ax_s.plot(lams, sat, marker="o", color=line.get_color(), label=placement)
+        if best is not None and best.found and best.placement == placement:
+            j = lams.index(best.lam) if best.lam in lams else None
+            if j is not None and math.isfinite(med[j]):
+                ax_k.plot([best.lam], [med[j]], marker="o", markersize=14, fillstyle="none",
+                          color="black", label="recommended")
+    ax_k.set_ylabel("kappa(J), median over heads")
+    ax_s.set_ylabel("saturated fraction (worst head)")
+    ax_s.set_xlabel("lambda")
+    title = f"advice over {len(heads)} head{'s' if len(heads) != 1 else ''}: "
+    if best is not None and best.found:
+        title += f"lambda = {best.lam:g} ({best.placement})"
+    elif best is not None:
+        title += "no lambda recommended"
+    if infinite:
+        title += f" ({infinite} singular: +inf, gaps)"
+    ax_k.set_title(title)
+    ax_k.legend()
+    return ax_k, ax_s

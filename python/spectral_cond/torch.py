@@ -9,6 +9,9 @@ analysis from real activations (docs/python.md).
   kappa(J) at the module's real input, with the module's own masks, RoPE, biases and scale,
   each head checked against the module's own forward (or declined with the reason);
   ModelAnalysis.summary() condenses it per layer.
+- advise(model, inputs): which lam and placement of lam I lower kappa(J) without saturating
+  attention, from exact kappa(J) on a grid at the model's real activations (MATH.md §17);
+  spectral_conditioning(model, advice=result) applies the recommendation.
 - KappaMonitor(model, every=k, log=...): the same measurements every k training steps, at the
   current batch, to JSON lines or CSV, within a time budget per step.
 
@@ -31,11 +34,13 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import spectral_cond as sc
+from ._torch_advise import advise
 from ._torch_analysis import HeadAnalysis, ModelAnalysis, ModelSummary, analyze_model
 from ._torch_monitor import KappaMonitor, read_monitor_log
 from ._torch_sites import AttentionSite, Projection, find_attention
 
 __all__ = [
+    "advise",
     "AttentionSite",
     "HeadAnalysis",
     "KappaMonitor",
@@ -66,13 +71,22 @@ class FixedCorrection(nn.Module):
         return f"method={self.method!r}, placement={self.placement!r}, shape={tuple(self.C.shape)}"
 
 
-def _correction(p: Projection, d: int, method: str, lam: float, placement: str) -> np.ndarray:
-    """C for the library's W (D x heads d), as a float64 array of that shape."""
+def _correction(p: Projection, d: int, method: str, lam: float, layout: str) -> np.ndarray:
+    """C for the library's W (D x heads d), as a float64 array of that shape. layout 'packed':
+    the rectangular identity of the packed parameter in its own storage (eye(3D, D) on a
+    Linear's out x in weight), which at this projection's output features f_j puts lam at row
+    f_j of column j where f_j < D."""
     W = p.W()
     D = W.shape[0]
+    if layout == "packed":
+        C = np.zeros_like(W)
+        for j, f in enumerate(p.features):
+            if f < D:
+                C[int(f), j] = lam
+        return C
     if method == "lambda":
-        return lam * sc.lambda_identity(D, p.heads, d, placement)
-    if placement == "fused":
+        return lam * sc.lambda_identity(D, p.heads, d, "fused" if layout == "fused" else "per-head")
+    if layout == "fused":
         return sc.exact_correction(W).C
     C = np.zeros_like(W)
     for j in range(p.heads):
@@ -132,14 +146,19 @@ class _LoadFolded:
 
 
 def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float = 10.0,
-                          placement: str = "fused") -> nn.Module:
+                          placement: str = "fused", advice=None) -> nn.Module:
     """Spectrally conditioned attention (the paper's method, MATH.md §6–7), in place.
 
     Every attention module's effective W_Q, W_K and W_V become W + C in every forward pass, C
-    fixed and not trained, so dL/dW = dL/dW_eff. method "lambda": C = lam E, E the rectangular
-    identity of the fused D x (heads d) projection (placement "fused") or of each head's D x d
-    block ("per-head"), Theorem 3.8. method "exact": C = sigma_1 U V^T of the current weights
-    (Theorem 3.5), fused or per head block, computed once here and then fixed. Returns `model`.
+    fixed and not trained, so dL/dW = dL/dW_eff. method "lambda": C = lam E (Theorem 3.8), E the
+    rectangular identity of the fused D x (heads d) projection (placement "fused"), of each
+    head's D x d block ("per_head"), or of the packed [Q; K; V] parameter itself ("packed":
+    timm's qkv, in_proj_weight, GPT-2's c_attn, which puts I on the Q block alone); a subset of
+    the projections is named after a colon ("fused:qk", "per_head:v"). method "exact": C =
+    sigma_1 U V^T of the current weights (Theorem 3.5), fused or per head block, computed once
+    here and then fixed. advice: the result of spectral_cond.torch.advise, whose recommended
+    lam and placement are applied (an error, with its reason, when it recommends none).
+    Returns `model`.
 
     Saving (docs/python.md, "Saving a conditioned model"): model.state_dict() holds W and C under
     the parametrization's keys and the folded W + C under the plain name, so it loads into a
@@ -148,26 +167,45 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
     refused with a message that names remove(model, fold=True).
 
     lam = 10 (the paper's value) saturates the softmax of LayerNorm'd models at initialisation
-    (logits about lam^2 sqrt(d_k)): analyze_model's diagnostics flag it (saturated rows,
-    `collapsed`); docs/reproduction.md has the measurements and what lam to try instead.
+    (logits about lam^2 sqrt(d_k)): advise(model, batch) says which lam and placement do not;
+    docs/reproduction.md has the measurements.
     """
+    fn = "spectral_conditioning"
+    if advice is not None:
+        best = getattr(advice, "best", None)
+        if best is None or not hasattr(best, "found"):
+            raise TypeError(f"{fn}: advice must be the result of spectral_cond.torch.advise")
+        if not best.found:
+            raise ValueError(f"{fn}: the advice recommends no lambda ({best.reason})")
+        method, lam, placement = "lambda", float(best.lam), best.placement
     if method not in ("lambda", "exact"):
-        raise ValueError(f"spectral_conditioning: method must be 'lambda' or 'exact' (got {method!r})")
-    if placement == "per_head":
-        placement = "per-head"
-    if placement not in ("fused", "per-head"):
-        raise ValueError(
-            f"spectral_conditioning: placement must be 'fused' or 'per-head' (got {placement!r})")
+        raise ValueError(f"{fn}: method must be 'lambda' or 'exact' (got {method!r})")
+    try:
+        canonical = sc._core.placement_name(placement) if isinstance(placement, str) else None
+    except ValueError as e:
+        raise ValueError(f"{fn}: {e}") from None
+    if canonical is None:
+        raise ValueError(f"{fn}: placement must be a string such as 'fused' (got {placement!r})")
+    layout, _, subset = canonical.partition(":")
+    subset = subset or "qkv"
+    if method == "exact" and layout == "packed":
+        raise ValueError(f"{fn}: the exact correction has no packed placement (use 'fused' or "
+                         "'per_head')")
     if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"spectral_conditioning: lam must be finite and >= 0 (got {lam!r})")
+        raise ValueError(f"{fn}: lam must be finite and >= 0 (got {lam!r})")
     sites = find_attention(model)
     if not sites:
-        raise ValueError("spectral_conditioning: the model has no attention module spectral_cond "
+        raise ValueError(f"{fn}: the model has no attention module spectral_cond "
                          "knows (docs/python.md, 'Models', lists them)")
+    if layout == "packed":
+        for s in sites:
+            if not (s.q.owner is s.k.owner is s.v.owner and s.q.param == s.k.param == s.v.param):
+                raise ValueError(f"{fn}: placement 'packed' needs Q, K and V in one parameter, "
+                                 f"but {s.name} has separate query/key/value weights")
     # One fixed addend per parameter tensor (a fused qkv weight holds three projections).
     addends: Dict[Tuple[int, str], Tuple[nn.Module, str, torch.Tensor]] = {}
     for s in sites:
-        for p in (s.q, s.k, s.v):
+        for letter, p in (("q", s.q), ("k", s.k), ("v", s.v)):
             if parametrize.is_parametrized(p.owner, p.param):
                 raise ValueError(
                     f"spectral_conditioning: {s.name}.{p.param} is already parametrized "
@@ -176,11 +214,12 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
             if key not in addends:
                 t = p.tensor()
                 addends[key] = (p.owner, p.param, torch.zeros(t.shape, dtype=torch.float64))
-            p.place(addends[key][2], _correction(p, s.head_dim, method, lam, placement))
+            if letter in subset:
+                p.place(addends[key][2], _correction(p, s.head_dim, method, lam, layout))
     for owner, param, C in addends.values():
         t = getattr(owner, param)
         parametrize.register_parametrization(
-            owner, param, FixedCorrection(C.to(device=t.device, dtype=t.dtype), method, placement))
+            owner, param, FixedCorrection(C.to(device=t.device, dtype=t.dtype), method, canonical))
         type(owner).__getstate__ = _refuse_pickle
         owner.register_state_dict_post_hook(_FoldedStateDict(param))
         owner.register_load_state_dict_pre_hook(_LoadFolded(param))

@@ -368,10 +368,50 @@ void raise_if_invalid(const char* fn, const ConditionResult<Scalar>& r) {
   if (r.info == Info::InvalidInput) value_error(fn, r.note);
 }
 
+/// The attention diagnostics (MATH.md §11) as a dict of plain values.
+inline nb::dict diagnostics_dict(const AttentionDiagnostics& d) {
+  nb::dict out;
+  const AttentionPattern& a = d.pattern;
+  out["rows"] = int64_t(a.rows);
+  out["row_max_min"] = a.row_max_min;
+  out["row_max_mean"] = a.row_max_mean;
+  out["entropy_mean"] = a.entropy_mean;
+  out["saturated"] = int64_t(a.saturated);
+  out["saturated_diagonal"] = int64_t(a.saturated_diagonal);
+  out["saturated_fraction"] = a.saturated_fraction;
+  out["forced"] = int64_t(a.forced);
+  const JacobianBlockNorms& n = d.norms;
+  out["sigma_max_JQ"] = n.sigma_max_JQ;
+  out["sigma_max_JK"] = n.sigma_max_JK;
+  out["sigma_max_JQK"] = n.sigma_max_JQK;
+  out["sigma_max_JV"] = n.sigma_max_JV;
+  out["ratio_QK_V"] = n.ratio_QK_V;
+  out["norms_converged"] = n.converged;
+  out["collapsed"] = d.collapsed;
+  out["note"] = d.note;
+  return out;
+}
+
+/// The bound without hypothesis (MATH.md §5) as a dict of plain values.
+inline nb::dict free_bound_dict(const HypothesisFreeBound& b) {
+  nb::dict out;
+  out["applicable"] = b.applicable;
+  out["bound"] = b.bound;
+  out["sigma_max_J"] = b.sigma_max_J;
+  out["sigma_max_residual"] = b.sigma_max_residual;
+  out["sigma_N_PX"] = b.PX.sigma_min;
+  out["accuracy"] = b.accuracy;
+  out["info"] = std::string(to_string(b.info));
+  out["note"] = b.note;
+  return out;
+}
+
 void bind_attention(nb::module_& m);
 /// open_checkpoint and the Checkpoint class (checkpoint.cpp).
 void bind_checkpoint(nb::module_& m);
 /// verify, the tool's sweep with its extended-precision re-checks (verify.cpp).
 void bind_verify(nb::module_& m);
+/// advise_head, the λ advisor of one head (advise.cpp).
+void bind_advise(nb::module_& m);
 
 }  // namespace spectral_cond::python

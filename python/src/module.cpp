@@ -126,42 +126,6 @@ nb::dict kappa_jacobian_py(const Array& X, const Array& WQ, const Array& WK, con
   });
 }
 
-nb::dict diagnostics_dict(const AttentionDiagnostics& d) {
-  nb::dict out;
-  const AttentionPattern& a = d.pattern;
-  out["rows"] = int64_t(a.rows);
-  out["row_max_min"] = a.row_max_min;
-  out["row_max_mean"] = a.row_max_mean;
-  out["entropy_mean"] = a.entropy_mean;
-  out["saturated"] = int64_t(a.saturated);
-  out["saturated_diagonal"] = int64_t(a.saturated_diagonal);
-  out["saturated_fraction"] = a.saturated_fraction;
-  out["forced"] = int64_t(a.forced);
-  const JacobianBlockNorms& n = d.norms;
-  out["sigma_max_JQ"] = n.sigma_max_JQ;
-  out["sigma_max_JK"] = n.sigma_max_JK;
-  out["sigma_max_JQK"] = n.sigma_max_JQK;
-  out["sigma_max_JV"] = n.sigma_max_JV;
-  out["ratio_QK_V"] = n.ratio_QK_V;
-  out["norms_converged"] = n.converged;
-  out["collapsed"] = d.collapsed;
-  out["note"] = d.note;
-  return out;
-}
-
-nb::dict free_bound_dict(const HypothesisFreeBound& b) {
-  nb::dict out;
-  out["applicable"] = b.applicable;
-  out["bound"] = b.bound;
-  out["sigma_max_J"] = b.sigma_max_J;
-  out["sigma_max_residual"] = b.sigma_max_residual;
-  out["sigma_N_PX"] = b.PX.sigma_min;
-  out["accuracy"] = b.accuracy;
-  out["info"] = std::string(to_string(b.info));
-  out["note"] = b.note;
-  return out;
-}
-
 /// The attention pattern, the block norms of J and the bound without hypothesis (MATH.md §5,
 /// §11), in double whatever the inputs' dtype.
 nb::dict attention_diagnostics_py(const Array& X, const Array& WQ, const Array& WK, const Array& WV,
@@ -388,4 +352,5 @@ NB_MODULE(_core, m) {
   bind_attention(m);
   bind_checkpoint(m);
   bind_verify(m);
+  bind_advise(m);
 }

@@ -59,3 +59,49 @@ def torch_jacobian(X, WQ, WK, WV, scale=None, causal=False, biases=None):
     jac = torch.func.jacrev(f, argnums=(0, 1, 2))(*ws)
     blocks = [j.permute(1, 0, 3, 2).reshape(N * dv, -1).numpy() for j in jac]
     return np.hstack(blocks)
+
+
+# Two attention layouts as the model zoo writes them, for the tests of spectral_cond.torch.
+import math  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class TimmAttention(nn.Module):
+    """timm's Attention layout: one qkv Linear (3 D x D, rows Q, K, V), num_heads, scale."""
+
+    def __init__(self, dim, num_heads, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+
+
+class HFSelfAttention(nn.Module):
+    """Hugging Face BERT's layout: query, key, value Linears and num_attention_heads."""
+
+    def __init__(self, dim, heads, bias=True):
+        super().__init__()
+        self.num_attention_heads = heads
+        self.attention_head_size = dim // heads
+        self.query = nn.Linear(dim, dim, bias=bias)
+        self.key = nn.Linear(dim, dim, bias=bias)
+        self.value = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, hidden_states):
+        B, N, D = hidden_states.shape
+        h, d = self.num_attention_heads, self.attention_head_size
+        split = lambda t: t.view(B, N, h, d).transpose(1, 2)
+        q, k, v = (split(f(hidden_states)) for f in (self.query, self.key, self.value))
+        p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, N, D)

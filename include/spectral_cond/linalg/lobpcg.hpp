@@ -8,6 +8,7 @@
 #include <Eigen/SVD>
 
 #include <functional>
+#include <memory>
 
 namespace spectral_cond {
 
@@ -23,6 +24,10 @@ struct LobpcgOptions {
   double tol = 1e-10;
   /// Seed of the start block (MATH.md §16).
   std::uint64_t seed = default_seed;
+  /// Warm start (the advisor's λ grid, MATH.md §17): when set and its block has J's row count,
+  /// the first half of the start block (at least one column) is taken from it and the rest is
+  /// random as always; on return it holds the final block. Null (default): a random start.
+  std::shared_ptr<Mat<double>> warm;
 
   void check(const char* fn) const {
     if (block < 1 || max_iterations < 1 || !(tol > 0 && tol < 1))
@@ -157,6 +162,14 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
   };
   Rng rng(lo.seed);
   for (Index k = 0; k < X.size(); ++k) X.data()[k] = rng.normal();
+  if (lo.warm && lo.warm->rows() == m && lo.warm->cols() > 0) {
+    const Index w = std::min(lo.warm->cols(), std::max<Index>(1, b / 2));
+    X.leftCols(w) = lo.warm->leftCols(w);
+  }
+  // The final block, for the next solve's warm start.
+  auto keep_block = [&] {
+    if (lo.warm) *lo.warm = X;
+  };
   precondition(X);  // the start: one preconditioned step
   orthonormal_basis(X);
   rayleigh_ritz(false);
@@ -194,6 +207,7 @@ LobpcgOutcome lobpcg_sigma_min(const Products& J, Precondition&& precondition, d
       out.at_eta_floor = eta_floor && measure > lo.tol;
       out.x = X.col(0);
       if (X.cols() > 1) out.x2 = X.col(1);
+      keep_block();
       return out;
     }
     if (it >= lo.max_iterations || !std::isfinite(measure) || out.sigma <= stop_below) {

@@ -3,6 +3,7 @@
 // (docs/checkpoints.md). analysis.hpp computes them; analysis_format.hpp writes them.
 #pragma once
 
+#include <spectral_cond/conditioning/advisor.hpp>
 #include <spectral_cond/conditioning/bound.hpp>
 #include <spectral_cond/conditioning/methods/options.hpp>
 #include <spectral_cond/core/rope.hpp>
@@ -57,6 +58,10 @@ struct AnalysisOptions {
   /// --shard i/n: of the κ(J) work items (one per selected head of every self-attention layer,
   /// numbered across the checkpoints in report order), only those with number % count == index.
   std::uint64_t shard_index = 0, shard_count = 1;
+  /// `advise`: the λ advisor's grid and criteria (MATH.md §17) in place of κ(J)'s report, on
+  /// `advice_heads` heads per layer drawn at random with `seed` (0: every selected head).
+  std::optional<AdviceOptions> advice;
+  std::int64_t advice_heads = 2;
 };
 
 /// κ of W + λ E for one placement, computed from an SVD, with the Weyl bound when it applies.
@@ -116,6 +121,7 @@ struct LayerStats {
   MatrixStats q, k, v;
   std::vector<HeadStats> per_head;
   std::vector<JacobianStats> jacobian;
+  std::vector<HeadAdvice> advice;  ///< `advise`: the advised heads, in head order
   Index tokens = 0;                ///< N of this layer's X (0 without --jacobian)
   std::string shared_by;           ///< a shared (ALBERT) layer: the layers it stands for
   std::string note;                ///< what the analysis of this layer left out, and why

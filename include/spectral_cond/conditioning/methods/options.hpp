@@ -138,7 +138,7 @@ struct JacobianKappaOptions {
   /// iterations but more products in all (MATH.md §12; GPT-2-small head at N = 256: block 2, 387
   /// iterations, 7.4 s; block 4, 352 iterations, 11.0 s). Temple's bound needs a block of 2 or
   /// more (the second Ritz pair).
-  LobpcgOptions matfree{2, 2000, 1e-10, default_seed};
+  LobpcgOptions matfree{2, 2000, 1e-10, default_seed, nullptr};
   /// The matfree preconditioner's coarse level: the eigenvectors of S = (P X)(P X)^T for its
   /// null modes (eigenvalues at rounding level, N - rank(P X)) and this many smallest eigenvalues
   /// more, times every output channel (MATH.md §12); without the null modes where that would
