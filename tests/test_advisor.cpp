@@ -322,3 +322,33 @@ TEST_CASE("recommend: the median over heads, admissible in every head") {
   const HeadAdvice other = advise_head(X, W, W, W, {}, HeadPosition{0, 2, 0}, o2);
   CHECK_THROWS_AS(recommend({&advice[0], &other}), std::invalid_argument);
 }
+
+TEST_CASE("advise_head: a decoder head (causal mask, grouped-query position) against JacobiSVD") {
+  std::mt19937_64 rng(13);
+  const Index N = 6, D = 8, d = 2;
+  const Mat<double> X = layer_normed(N, D, rng);
+  const Mat<double> WQ = randn<double>(D, d, rng, 0.3), WK = randn<double>(D, d, rng, 0.3),
+                    WV = randn<double>(D, d, rng, 0.3);
+  AttentionOptions<double> opts;
+  opts.mask = MaskKind::Causal;
+  const HeadPosition pos{3, 4, 2};  // query head 3 reads key/value group 1
+  AdviceOptions o;
+  o.lambdas = {0, 0.5, 2};
+  o.placements = {parse_placement("fused"), parse_placement("per_head:qk")};
+  const HeadAdvice a = advise_head(X, WQ, WK, WV, opts, pos, o);
+  for (const AdvicePoint& p : a.points) {
+    INFO(p.placement << " " << p.lambda);
+    const CorrectionPlacement pl = parse_placement(p.placement);
+    const auto w = corrected_head_weights(WQ, WK, WV, pl, pos, p.lambda);
+    // Fused: Q's slice at rows 3 d, K's and V's (group 1) at rows d.
+    if (pl.layout == IdentityLayout::Fused && p.lambda > 0) {
+      CHECK(w[0](3 * d, 0) == WQ(3 * d, 0) + p.lambda);
+      CHECK(w[1](d, 0) == WK(d, 0) + p.lambda);
+    }
+    const double ref = jacobi_kappa(attention_jacobian(X, w[0], w[1], w[2], opts));
+    REQUIRE((p.J.info == Info::Success || p.J.info == Info::Singular));
+    CHECK(std::abs(p.J.kappa - ref) <= std::max(p.J.accuracy, 1e3 * eps() * ref) * ref);
+    CHECK_FALSE(std::isnan(p.J.kappa));
+    CHECK(p.diagnostics.pattern.forced == 1);  // row 0 has one key under the mask
+  }
+}
