@@ -102,8 +102,10 @@ std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& a
 /// §12): LAPACK ?syevr for that range only (where the build has LAPACKE), else Eigen's
 /// SelfAdjointEigenSolver. False where the solver reports a failure or a result is not finite
 /// (then both are left empty).
-inline bool smallest_eigenpairs(const Mat<double>& G, Index k, Vec<double>& values,
-                                Mat<double>& vectors) {
+/// A template only so that a translation unit that does not call it does not compile it.
+template <typename = void>
+bool smallest_eigenpairs(const Mat<double>& G, Index k, Vec<double>& values,
+                         Mat<double>& vectors) {
   const Index n = G.rows();
   values.resize(0);
   vectors.resize(0, 0);

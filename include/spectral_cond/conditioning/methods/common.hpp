@@ -356,7 +356,10 @@ inline constexpr Index certify_max_order = 3000;
 /// factorisation of G - θ I succeeds exactly when G - θ I is positive definite (an inertia count
 /// of zero). Returns the reason to decline when it fails; otherwise adds what was certified, or
 /// the assumption left unchecked (order above the limit, or σ_min^2 below δ), to the note.
-inline std::string certify_smallest(const KJInputs& in, ConditionResult<double>& res) {
+/// A template only so that a translation unit that does not call it does not compile it (it
+/// instantiates the structured Gram matrices and a Cholesky factorisation).
+template <typename = void>
+std::string certify_smallest(const KJInputs& in, ConditionResult<double>& res) {
   const Index g = std::min(in.rows, in.cols);
   const double eps = ScalarTraits<double>::eps();
   const double a = std::min(res.accuracy, 0.5);

@@ -39,6 +39,7 @@ struct HostGram {
 
   Index order() const { return G.rows(); }
   bool all_finite() const { return G.allFinite(); }
+  template <typename = void>  // compiled only where called (the eigensolvers)
   std::string eigenvalues(Vec<double>& ascending, std::string& why) const {
     return symmetric_eigenvalues(G, /*psd=*/true, ascending, why);
   }

@@ -52,6 +52,7 @@ struct MatfreeInputs {
 /// The host's products backend for matfree_condition: J x and J^T x by one JVP or VJP on the
 /// CPU (JacobianProducts, MATH.md §2).
 struct HostProducts {
+  template <typename = void>  // compiled only where called
   JacobianProducts<double> operator()(const Mat<double>& X, const Mat<double>& WQ,
                                       const Mat<double>& WK, const Mat<double>& WV,
                                       const AttentionOptions<double>& opts) const {

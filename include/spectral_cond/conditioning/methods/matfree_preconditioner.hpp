@@ -61,6 +61,7 @@ struct ChannelBlockPreconditioner {
   /// the eigensolver fails or returns a column that is not finite (couplings at the level of
   /// underflow, as when the softmax is saturated and the query and key terms vanish) R = I, the
   /// plain block-Jacobi over the output channels; mixed says which.
+  template <typename = void>  // compiled only where called (eigensolvers)
   void choose_mixing(const Mat<double>& CQ, const Mat<double>* CK) {
     const Index dv = CQ.rows();
     bool ok = false;
@@ -92,6 +93,7 @@ struct ChannelBlockPreconditioner {
 
   /// Builds the blocks from jp, whose 𝔅 and 𝔈 it mixes in place. False when a block stays
   /// indefinite after the shift (NaN or Inf in the inputs' products); why says which.
+  template <typename = void>
   bool build(JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S, bool with_keys,
              std::string& why) {
     N = X.rows();
@@ -175,6 +177,7 @@ struct CoarseCorrection {
   /// would take more than `budget` bytes (E is not allocated then), and where S's eigenvectors
   /// or E's factor fail (`why` says which): the preconditioner then has one level, which is still
   /// valid.
+  template <typename = void>  // compiled only where called (eigensolvers, factorisations)
   bool build(const JacobianParts<double>& jp, const Mat<double>& X, const Mat<double>& S,
              Index modes, bool with_keys, std::uint64_t budget, std::string& why) {
     k = 0;
