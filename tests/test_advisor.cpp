@@ -70,8 +70,8 @@ TEST_CASE("placements: the identity each projection of a head receives") {
   // heads = 4, d_k = d_v = 2, D = 8 (= heads d_k): head 2's fused slice has ones at rows 4, 5;
   // per-head at rows 0, 1; packed reaches the Q block alone (K and V start at column 8 = D).
   const HeadPosition pos{2, 4, 0};
-  const CorrectionPlacement fused{IdentityLayout::Fused}, per_head{IdentityLayout::PerHead},
-      packed{IdentityLayout::Packed};
+  const CorrectionPlacement fused{Placement::Fused}, per_head{Placement::PerHead},
+      packed{Placement::Packed};
   for (int w = 0; w < 3; ++w) {
     CHECK(detail::identity_offset(fused, w, pos, 2, 2) == 4);
     CHECK(detail::identity_offset(per_head, w, pos, 2, 2) == 0);
@@ -124,11 +124,11 @@ TEST_CASE(
     // whole projection, per-head λ I(D, d) to the head's block, packed λ I(D, 3 heads d) to
     // [W_Q | W_K | W_V].
     Mat<double> fq = WQf, fk = WKf, fv = WVf;
-    if (pl.layout == IdentityLayout::Fused) {
+    if (pl.layout == Placement::Fused) {
       if (pl.q) fq += p.lambda * Mat<double>::Identity(D, heads * d);
       if (pl.k) fk += p.lambda * Mat<double>::Identity(D, heads * d);
       if (pl.v) fv += p.lambda * Mat<double>::Identity(D, heads * d);
-    } else if (pl.layout == IdentityLayout::Packed) {
+    } else if (pl.layout == Placement::Packed) {
       Mat<double> packed(D, 3 * heads * d);
       packed << WQf, WKf, WVf;
       packed += p.lambda * Mat<double>::Identity(D, 3 * heads * d);
@@ -137,7 +137,7 @@ TEST_CASE(
       fv = packed.rightCols(heads * d);
     }
     Mat<double> q = fq.middleCols(2, d), k = fk.middleCols(2, d), v = fv.middleCols(2, d);
-    if (pl.layout == IdentityLayout::PerHead) {
+    if (pl.layout == Placement::PerHead) {
       q += p.lambda * Mat<double>::Identity(D, d);
       k += p.lambda * Mat<double>::Identity(D, d);
       v += p.lambda * Mat<double>::Identity(D, d);
@@ -341,7 +341,7 @@ TEST_CASE("advise_head: a decoder head (causal mask, grouped-query position) aga
     const CorrectionPlacement pl = parse_placement(p.placement);
     const auto w = corrected_head_weights(WQ, WK, WV, pl, pos, p.lambda);
     // Fused: Q's slice at rows 3 d, K's and V's (group 1) at rows d.
-    if (pl.layout == IdentityLayout::Fused && p.lambda > 0) {
+    if (pl.layout == Placement::Fused && p.lambda > 0) {
       CHECK(w[0](3 * d, 0) == WQ(3 * d, 0) + p.lambda);
       CHECK(w[1](d, 0) == WK(d, 0) + p.lambda);
     }

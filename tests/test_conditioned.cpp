@@ -5,6 +5,8 @@
 
 #include "support/test_helpers.hpp"
 
+#include <array>
+
 using namespace spectral_cond;
 using sc_test::randn;
 using sc_test::rel_err;
@@ -243,4 +245,51 @@ TEST_CASE("argument errors throw, naming the function") {
   CHECK_THROWS_AS(ConditionedAttention<double>(w.WQ, w.WK, w.WV,
                                                ConditioningSpec<double>::shared(C::none()), three),
                   std::invalid_argument);
+}
+
+TEST_CASE("packed and subset placements: the rectangular identity of [W_Q | W_K | W_V]") {
+  // The packed weight is D x (h d_k + g d_k + g d_v); λ I of that whole matrix, sliced back into
+  // the three projections, is the correction each must receive (MATH.md §7, "Placements").
+  const Layer layers[] = {
+      {4, 6, 2, 2, 3, 2},  // h d_k = D: the identity reaches W_Q alone
+      {4, 8, 2, 1, 2, 2},  // grouped-query, widths 4 + 2 + 2 = D: each its own shifted block
+      {3, 5, 1, 1, 3, 4},  // widths 3 + 3 + 4 > D: W_K's identity partly, W_V's not at all
+  };
+  std::mt19937_64 rng(31);
+  for (const Layer& L : layers) {
+    const Weights<double> w = make_weights<double>(L, rng);
+    const Index wq = L.heads * L.dk, wk = L.kv_heads * L.dk, wv = L.kv_heads * L.dv;
+    const Mat<double> E = Mat<double>::Identity(L.D, wq + wk + wv);
+    const double lambda = 1.5;
+    for (const char* name : {"packed", "fused:qk", "per_head:v", "fused:q"}) {
+      INFO("layer D " << L.D << ", heads " << L.heads << ", placement " << name);
+      const CorrectionPlacement p = parse_placement(name);
+      const ConditionedAttention<double> layer(w.WQ, w.WK, w.WV,
+                                               ConditioningSpec<double>::placed(lambda, p),
+                                               options<double>(L));
+      if (p.layout == Placement::Packed) {
+        CHECK(layer.C_Q() == lambda * E.leftCols(wq));
+        CHECK(layer.C_K() == lambda * E.middleCols(wq, wk));
+        CHECK(layer.C_V() == lambda * E.rightCols(wv));
+        continue;
+      }
+      const std::array<const Mat<double>*, 3> C{&layer.C_Q(), &layer.C_K(), &layer.C_V()};
+      const std::array<Index, 3> blocks{L.heads, L.kv_heads, L.kv_heads};
+      for (int i = 0; i < 3; ++i) {
+        const Mat<double>& Ci = *C[static_cast<std::size_t>(i)];
+        if (!p.receives(i)) {
+          CHECK(Ci.isZero(0));
+          continue;
+        }
+        // Independent of lambda_identity: the identity built entry by entry.
+        const Index b = blocks[static_cast<std::size_t>(i)], d = Ci.cols() / b;
+        Mat<double> ref = Mat<double>::Zero(L.D, Ci.cols());
+        for (Index c = 0; c < Ci.cols(); ++c) {
+          const Index r = p.layout == Placement::PerHead ? c % d : c;
+          if (r < L.D) ref(r, c) = lambda;
+        }
+        CHECK(Ci == ref);
+      }
+    }
+  }
 }

@@ -68,6 +68,32 @@ inline void check_report_out(const std::string& out, const std::vector<std::stri
   io::check_output_target(out, inputs);
 }
 
+/// The comma-separated items of an option's value ("" items included, to be refused).
+inline std::vector<std::string> comma_items(const std::string& s) {
+  std::vector<std::string> out;
+  std::string::size_type start = 0;
+  while (true) {
+    const auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+/// --placements: names of MATH.md §7 (fused, per_head, packed; fused:qk, per_head:v, ...).
+inline std::vector<CorrectionPlacement> parse_placements(const std::string& s) {
+  if (s.empty()) throw BadInput("--placements: the list of placements is empty");
+  std::vector<CorrectionPlacement> out;
+  for (const std::string& item : comma_items(s)) {
+    try {
+      out.push_back(parse_placement(item, "--placements"));
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+  }
+  return out;
+}
+
 /// The options `analyze` and `demo` share: the model's, and those of their report.
 inline void add_analysis_options(CLI::App* cmd, AnalysisOptions& o) {
   add_model_options(cmd, o);

@@ -39,18 +39,6 @@ struct AdviseArgs {
   bool quiet = false;
 };
 
-/// The comma-separated items of an option's value ("" items included, to be refused).
-std::vector<std::string> comma_items(const std::string& s) {
-  std::vector<std::string> out;
-  std::string::size_type start = 0;
-  while (true) {
-    const auto comma = s.find(',', start);
-    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
-}
-
 /// --lambdas: finite numbers >= 0, at least one.
 std::vector<double> parse_lambdas(const std::string& s) {
   if (s.empty()) throw BadInput("--lambdas: the grid of lambda is empty");
@@ -63,20 +51,6 @@ std::vector<double> parse_lambdas(const std::string& s) {
     if (!(std::isfinite(x) && x >= 0))
       throw BadInput("--lambdas: every lambda must be finite and >= 0 (got " + item + ")");
     out.push_back(x);
-  }
-  return out;
-}
-
-/// --placements: names of MATH.md §7 (fused, per_head, packed; fused:qk, per_head:v, ...).
-std::vector<CorrectionPlacement> parse_placements(const std::string& s) {
-  if (s.empty()) throw BadInput("--placements: the list of placements is empty");
-  std::vector<CorrectionPlacement> out;
-  for (const std::string& item : comma_items(s)) {
-    try {
-      out.push_back(parse_placement(item, "--placements"));
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(e.what());
-    }
   }
   return out;
 }

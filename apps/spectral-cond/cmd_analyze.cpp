@@ -7,7 +7,7 @@
 //        [--jacobian [--inputs X.npy | --tokens 64 --seed 0] [--method auto|dense|gram|
 //         iterative|qr|lobpcg] [--tol 1e-6] [--scale C] [--mask auto|none|causal] [--blocks]
 //         [--jacobian-heads 0,1] [--no-biases] [--rope auto|none|rotate_half|interleaved]
-//         [--rope-theta T] [--rope-dims R]]
+//         [--rope-theta T] [--rope-dims R] [--placements packed,fused:qk,...]]
 //        [--jobs N] [--shard I/N]
 //        [--format table|json|csv] [--out FILE] [--quiet] [--verbose] [--device cpu|cuda]
 //
@@ -45,7 +45,7 @@ struct AnalyzeArgs {
   std::string method = "auto", mask = "auto", jacobian_heads;
   double target = 0;
   double scale = 0;
-  std::string format = "table", out, device = "cpu", shard;
+  std::string format = "table", out, device = "cpu", shard, placements;
   bool quiet = false;
 };
 
@@ -63,7 +63,8 @@ void parse_shard(const std::string& s, AnalysisOptions& o) {
   o.shard_count = std::stoull(n);
 }
 
-void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeDistribution* dist) {
+void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placements_set,
+                 const AnalyzeDistribution* dist) {
   AnalysisOptions& o = a.opts;
   if (!a.shard.empty()) {
     if (dist) throw BadInput("--shard: spectral-cond-mpi gives each rank its shard; leave it out");
@@ -96,6 +97,12 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, const AnalyzeD
   o.device = a.device;
   o.mask = a.mask;
   o.jacobian_heads = IndexSelection::parse(a.jacobian_heads, "--jacobian-heads");
+  if (placements_set) {
+    if (!o.jacobian_corrections)
+      throw BadInput("--placements adds corrected variants: it cannot go with "
+                     "--no-jacobian-corrections");
+    o.placements = parse_placements(a.placements);
+  }
 
   check_report_out(a.out, a.checkpoints, o.inputs);
   auto compute = [&] {
@@ -159,6 +166,10 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
                   "the layout or config.json), none or causal")
       ->check(CLI::IsMember({"auto", "none", "causal"}));
   cmd->add_option("--jacobian-heads", a->jacobian_heads, "heads for --jacobian (default all)");
+  cmd->add_option("--placements", a->placements,
+                  "with --jacobian, kappa(J) after lambda I under further placements too, "
+                  "comma-separated: packed (one packed Q/K/V tensor), fused:qk, per_head:v, ... "
+                  "(MATH.md §7)");
   cmd->add_option("--format", a->format, "table (default), json or csv")
       ->check(CLI::IsMember({"table", "json", "csv"}));
   cmd->add_option("--out", a->out, "write the report to FILE (atomically) instead of stdout");
@@ -178,9 +189,10 @@ void register_analyze(CLI::App& app, const AnalyzeDistribution* dist) {
       for (const char* opt :
            {"--inputs", "--tokens", "--seed", "--jacobian-heads", "--mask", "--scale", "--method",
             "--shard", "--tol", "--blocks", "--device", "--no-jacobian-corrections", "--no-biases",
-            "--rope", "--rope-theta", "--rope-dims"})
+            "--rope", "--rope-theta", "--rope-dims", "--placements"})
         if (cmd->count(opt) > 0) throw BadInput(std::string(opt) + " needs --jacobian");
-    run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0, dist);
+    run_analyze(*a, cmd->count("--target") > 0, cmd->count("--scale") > 0,
+                cmd->count("--placements") > 0, dist);
   });
 }
 

@@ -2,18 +2,22 @@
 // writes a new safetensors file (MATH.md §6–8; docs/checkpoints.md).
 //
 //   spectral-cond correct CHECKPOINT --method lambda|exact [--lambda 10] [--target T]
-//        [--placement fused|per-head] [--layout ...] [--heads H] [--kv-heads G]
+//        [--placement fused|per-head|packed[:SUBSET]] [--layout ...] [--heads H] [--kv-heads G]
 //        [--layers 0,3,5-7] --out NEW.safetensors [--quiet] [--verbose]
 //
 //   lambda, fused     W + λ I(D, width)               (head j receives its d-slice of I)
 //   lambda, per-head  W + λ [I(D, d) | … | I(D, d)]   (every head its own top identity)
 //   exact,  fused     W + C(W), C of Theorem 3.5 for the whole D x width projection
 //   exact,  per-head  each head's D x d block W_j + C(W_j)
+//   lambda, packed    the packed weight (timm's qkv, GPT-2's c_attn) + λ I: output feature f
+//                     of the packed tensor gains λ at input f, for f < D (MATH.md §7)
+//   fused:qk, per-head:v, ...: only the named projections are corrected
 //
 // Every other tensor is copied byte for byte, the modified ones are written in their own dtype,
 // the "__metadata__" is kept as it is, and the file is written atomically (temporary file and
 // rename). A sharded input is written as one single output file. The output may not be the
 // input (or one of its shards), also through a link.
+#include <spectral_cond/engine/advice.hpp>
 #include <spectral_cond/engine/analysis_inputs.hpp>
 #include <spectral_cond/engine/inputs.hpp>
 #include "commands.hpp"
@@ -41,16 +45,15 @@ namespace {
 /// --method: which correction is folded in.
 enum class CorrectionMethod { Lambda, Exact };
 
-/// The values of --method and --placement (parsed by enum_names, echoed in the summary line).
+/// The values of --method (parsed by enum_names, echoed in the summary line).
 const EnumNames<CorrectionMethod> kMethods = {{"lambda", CorrectionMethod::Lambda},
                                               {"exact", CorrectionMethod::Exact}};
-const EnumNames<Placement> kPlacements = {{"fused", Placement::Fused},
-                                          {"per-head", Placement::PerHead}};
 
 struct CorrectArgs {
   std::string checkpoint, out;
   CorrectionMethod method = CorrectionMethod::Lambda;
-  Placement placement = Placement::Fused;
+  std::string placement_text = "fused";
+  CorrectionPlacement placement;  ///< parsed from placement_text by checked_placement
   std::string layout = "auto", map, layers;
   std::int64_t heads = 0, kv_heads = 0;
   double lambda = 10, target = 0;
@@ -79,7 +82,7 @@ std::vector<std::string> input_files(const CheckpointReader& src) {
 /// W corrected by the chosen method and placement (see the top of this file).
 Mat<double> corrected(const Mat<double>& W, Index heads, Index d, const CorrectArgs& a,
                       const std::optional<double>& target) {
-  const bool per_head = a.placement == Placement::PerHead;
+  const bool per_head = a.placement.layout == Placement::PerHead;
   if (a.method == CorrectionMethod::Lambda) {
     const Mat<double> E = per_head ? lambda_identity<double>(W.rows(), heads, d, Placement::PerHead)
                                    : Mat<double>(Mat<double>::Identity(W.rows(), W.cols()));
@@ -102,6 +105,21 @@ std::vector<std::uint8_t> encode_array(const io::NpyArray& arr, io::Dtype dtype,
   if (arr.ndim() == 2) return io::encode_matrix(arr.to_matrix(), dtype);
   throw BadInput(file + ": tensor " + io::quote(arr.name) +
                  ": Fortran-order arrays of more than 2 dimensions cannot be written back");
+}
+
+/// --placement parsed (MATH.md §7): packed with --method lambda only.
+CorrectionPlacement checked_placement(const CorrectArgs& a) {
+  CorrectionPlacement p;
+  try {
+    p = parse_placement(a.placement_text, "--placement");
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  if (p.layout == Placement::Packed && a.method != CorrectionMethod::Lambda)
+    throw BadInput(
+        "--placement packed applies to --method lambda only (the exact correction is computed "
+        "per projection or per head block)");
+  return p;
 }
 
 /// The optional --target, checked with --lambda against the method they apply to.
@@ -137,10 +155,14 @@ void check_out(const CheckpointReader& src, const CorrectArgs& a) {
 void correct_layer(const CheckpointReader& src, io::AttentionLayerSpec& L, const io::HeadConfig& hc,
                    const CorrectArgs& a, const std::optional<double>& target,
                    std::map<std::string, std::vector<std::uint8_t>>& modified) {
-  // A fused correction treats each projection as one matrix: it needs no head count (unless
-  // the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
+  // A fused or packed correction treats each projection as one matrix: it needs no head count
+  // (unless the tensor interleaves Q, K and V by head, as GPT-NeoX and Falcon do).
+  const CorrectionPlacement& pl = a.placement;
+  if (pl.layout == Placement::Packed)
+    engine::check_placements(L, {pl}, a.checkpoint + ": layer " + std::to_string(L.index),
+                             "--placement");
   io::LayerHeads H;
-  if (hc.heads < 1 && a.placement == Placement::Fused && L.packed_rows == 0) {
+  if (hc.heads < 1 && pl.layout != Placement::PerHead && L.packed_rows == 0) {
     H.heads = H.kv_heads = 1;
     H.d_k = L.q.width;
     H.d_v = L.v.width;
@@ -161,15 +183,24 @@ void correct_layer(const CheckpointReader& src, io::AttentionLayerSpec& L, const
   auto fix = [&](const io::ProjectionSlot& s, Index heads, Index d) {
     Mat<double>& T = tensors.at(s.tensor);
     const Mat<double> W = io::extract_projection(s, T);
-    const Mat<double> Wc = corrected(W, heads, d, a, target);
+    Mat<double> Wc;
+    if (pl.layout == Placement::Packed) {  // λ at input f of every output feature f < D
+      Wc = W;
+      for (Index j = 0; j < W.cols(); ++j) {
+        const std::int64_t f = engine::slot_feature(s, j);
+        if (f < W.rows()) Wc(f, j) += a.lambda;
+      }
+    } else {
+      Wc = corrected(W, heads, d, a, target);
+    }
     if (!Wc.allFinite())
       throw NumericalFailure(a.checkpoint + ": tensor " + io::quote(s.tensor) +
                              ": the corrected weights have NaN or Inf entries");
     io::insert_projection(s, Wc, T);
   };
-  fix(L.q, H.heads, H.d_k);
-  fix(L.k, H.kv_heads, H.d_k);
-  fix(L.v, H.kv_heads, H.d_v);
+  if (pl.q) fix(L.q, H.heads, H.d_k);
+  if (pl.k) fix(L.k, H.kv_heads, H.d_k);
+  if (pl.v) fix(L.v, H.kv_heads, H.d_v);
   for (const auto& kv : tensors) {
     io::require_representable(
         kv.second, src.dtype(kv.first),
@@ -231,8 +262,9 @@ std::string copy_config(const CheckpointReader& src, const std::string& out) {
   return "; copied config.json beside it";
 }
 
-void run_correct(const CorrectArgs& a, bool target_set) {
+void run_correct(CorrectArgs a, bool target_set) {
   const std::optional<double> target = checked_target(a, target_set);
+  a.placement = checked_placement(a);
   const CheckpointReader src = io::open_checkpoint(a.checkpoint);
   if (src.gguf())
     throw BadInput(a.checkpoint +
@@ -272,7 +304,7 @@ void run_correct(const CorrectArgs& a, bool target_set) {
             << enum_name(kMethods, a.method);
   if (a.method == CorrectionMethod::Lambda) std::cout << ", lambda = " << number_text(a.lambda, 6);
   if (target) std::cout << ", target = " << number_text(*target, 6);
-  std::cout << ", placement " << enum_name(kPlacements, a.placement) << "); wrote " << out.size()
+  std::cout << ", placement " << a.placement.name() << "); wrote " << out.size()
             << " tensors to " << a.out << config_note << '\n';
 }
 
@@ -295,10 +327,10 @@ void register_correct(CLI::App& app) {
   cmd->add_option("--target", a->target,
                   "target kappa > 1 for --method exact (default: "
                   "C = sigma_1 U V^T)");
-  cmd->add_option("--placement", a->placement,
-                  "fused (default): one correction of the whole "
-                  "projection; per-head: one per head block")
-      ->transform(enum_names(kPlacements));
+  cmd->add_option("--placement", a->placement_text,
+                  "fused (default): one correction of the whole projection; per-head: one per "
+                  "head block; packed (--method lambda, one packed Q/K/V tensor): the identity of "
+                  "the packed weight; a subset of projections after a colon: fused:qk, per-head:v");
   cmd->add_option("--layout", a->layout, layout_help())->check(CLI::IsMember(layout_choices()));
   cmd->add_option("--map", a->map, "q=REGEX,k=REGEX,v=REGEX or qkv=REGEX: see analyze --help");
   cmd->add_option("--heads", a->heads, "number of attention heads (default: config.json)")

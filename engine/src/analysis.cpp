@@ -49,8 +49,13 @@ Mat<double> per_head_slice(const Mat<double>& W, Index col, Index d, double lamb
   return s;
 }
 
-/// The names of the corrected variants of a head, in the order of CheckpointAnalysis::variants.
-const char* const kCorrections[] = {"lambda_fused", "lambda_per_head", "exact"};
+/// The names of the corrected variants of a head, in the order of CheckpointAnalysis::variants:
+/// the three corrections, then each --placements entry.
+std::vector<std::string> correction_names(const AnalysisOptions& o) {
+  std::vector<std::string> names{"lambda_fused", "lambda_per_head", "exact"};
+  for (const CorrectionPlacement& p : o.placements) names.push_back("lambda_" + p.name());
+  return names;
+}
 
 /// What the κ(J) of every head of one layer shares: X, the options, and the device's results.
 struct LayerJacobianJob {
@@ -166,7 +171,8 @@ class CheckpointAnalysis {
       else if (o_.jacobian && !todo_[i]->cross)
         for (std::int64_t h = 0; h < heads_[i].heads; ++h)
           if (o_.jacobian_heads.contains(h) && mine(k++))
-            units_ += o_.jacobian_corrections ? 4.0 : 1.0;
+            units_ += o_.jacobian_corrections ? 4.0 + static_cast<double>(o_.placements.size())
+                                              : 1.0;
     }
   }
 
@@ -331,8 +337,10 @@ class CheckpointAnalysis {
     return heads;
   }
 
-  /// Every head of `heads` with its corrected variants: [original, fused, per-head, exact].
-  std::vector<std::vector<Weights>> variants(const Weights& W, const io::LayerHeads& H,
+  /// Every head of `heads` with its corrected variants: [original, fused, per-head, exact,
+  /// then one per --placements entry].
+  std::vector<std::vector<Weights>> variants(const io::AttentionLayerSpec& L, const Weights& W,
+                                             const io::LayerHeads& H,
                                              const std::vector<Index>& heads) const {
     // The exact correction of each whole projection (MATH.md §6), sliced per head below.
     Weights exact;
@@ -356,6 +364,14 @@ class CheckpointAnalysis {
                      per_head_slice(W.v, cv, H.d_v, l)});
         w.push_back({exact.q.middleCols(cq, H.d_k), exact.k.middleCols(ck, H.d_k),
                      exact.v.middleCols(cv, H.d_v)});
+        HeadPosition pos{h, H.heads, H.kv_heads, {-1, -1, -1}};
+        for (const CorrectionPlacement& p : o_.placements) {
+          if (p.layout == Placement::Packed)
+            pos.packed_columns = packed_columns(L, H, h, path_ + ": layer " +
+                                                             std::to_string(L.index));
+          auto c = corrected_head_weights(w[0].q, w[0].k, w[0].v, p, pos, l);
+          w.push_back({std::move(c[0]), std::move(c[1]), std::move(c[2])});
+        }
       }
       out.push_back(std::move(w));
     }
@@ -447,7 +463,9 @@ class CheckpointAnalysis {
     job.bo.jacobian.method = o_.method;
     job.bo.jacobian.tol = o_.tol;
     const std::vector<Index> heads = shard_heads(H);
-    const std::vector<std::vector<Weights>> w = variants(W, H, heads);
+    if (o_.jacobian_corrections)
+      check_placements(L, o_.placements, path_ + ": layer " + std::to_string(L.index));
+    const std::vector<std::vector<Weights>> w = variants(L, W, H, heads);
     if (o_.device == "cuda" && !heads.empty()) job.device_J = device_jacobians(job, w);
     std::vector<std::vector<std::size_t>> first;
     const std::vector<std::pair<std::size_t, std::size_t>> tasks = distinct_variants(w, first);
@@ -519,9 +537,10 @@ class CheckpointAnalysis {
     js.kv_head = h / (H.heads / H.kv_heads);
     js.report = reports[0];
     js.seconds = seconds[0];
+    const std::vector<std::string> names = correction_names(o_);
     for (std::size_t v = 1; v < reports.size(); ++v) {
       CorrectedJacobian cj;
-      cj.correction = kCorrections[v - 1];
+      cj.correction = names[v - 1];
       cj.unchanged = first[v] == 0;
       cj.report = reports[first[v]];
       cj.seconds = seconds[v];  // 0 for a variant that reuses a report

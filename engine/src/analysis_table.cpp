@@ -69,6 +69,14 @@ std::string jacobian_blocks_table(const CheckpointReport& rep) {
   return o.str();
 }
 
+/// A corrected variant's row label: "+lambda I fused", "+lambda I per-head", "exact", or
+/// "+lambda I " and the --placements name ("+lambda I packed", "+lambda I fused:qk").
+std::string correction_label(const std::string& correction) {
+  if (correction == "lambda_per_head") return "+lambda I per-head";
+  if (correction.rfind("lambda_", 0) == 0) return "+lambda I " + correction.substr(7);
+  return correction;
+}
+
 /// The table part of κ(J) before and after the corrections, the bound without hypothesis and
 /// the attention pattern of every head (MATH.md §5, §11).
 std::string jacobian_corrections_table(const CheckpointReport& rep) {
@@ -98,10 +106,7 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
       };
       row("original", j.report);
       for (const CorrectedJacobian& c : j.corrected)
-        row(c.correction == "lambda_fused"      ? "+lambda I fused"
-            : c.correction == "lambda_per_head" ? "+lambda I per-head"
-                                                : "exact",
-            c.report);
+        row(correction_label(c.correction), c.report);
     }
   o << "\nAttention pattern of each head (MATH.md §11): row max m_i = max_j P_ij, entropy H_i, "
        "saturated rows (m_i > 1 - 1e-6, on the diagonal),\nand ||J_QK||_2/||J_V||_2 (spectral "
@@ -129,10 +134,7 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
       row("original", j.report);
       for (const CorrectedJacobian& c : j.corrected)
         if (!c.unchanged)
-          row(c.correction == "lambda_fused"      ? "+lambda I fused"
-              : c.correction == "lambda_per_head" ? "+lambda I per-head"
-                                                  : "exact",
-              c.report);
+          row(correction_label(c.correction), c.report);
     }
   for (const std::string& n : notes) o << "  " << n << '\n';
   return o.str();

@@ -294,11 +294,14 @@ def lambda_correction(W, lam: float = 10.0) -> LambdaCorrection:
     return LambdaCorrection(**_core.lambda_correction(as_array("W", W, "lambda_correction"), lam))
 
 
-def lambda_identity(D: int, heads: int, d_head: int, placement: str = "fused"):
+def lambda_identity(D: int, heads: int, d_head: int, placement: str = "fused",
+                    packed_offset: int = 0):
     """The D x (heads d_head) matrix E added as lam E to a fused projection (MATH.md §7):
-    'fused' is the rectangular identity I(D, heads d_head); 'per-head' gives each head's D x d
-    block its own I(D, d)."""
-    return _core.lambda_identity(D, heads, d_head, placement)
+    'fused' is the rectangular identity I(D, heads d_head); 'per-head' (or 'per_head') gives
+    each head's D x d block its own I(D, d); 'packed' is this projection's slice of the identity
+    of the packed D x [W_Q | W_K | W_V] weight, whose columns start at packed_offset there:
+    E[packed_offset + j, j] = 1 for rows below D."""
+    return _core.lambda_identity(D, heads, d_head, placement, packed_offset)
 
 
 def verify(seed: int = 0, instances_per_regime: int = 16, extended: bool = True,

@@ -273,16 +273,21 @@ nb::dict lambda_correction_py(const Array& W, double lambda) {
 }
 
 nb::object lambda_identity_py(int64_t D, int64_t heads, int64_t d_head,
-                              const std::string& placement) {
-  Placement p;
-  if (placement == "fused")
-    p = Placement::Fused;
-  else if (placement == "per-head" || placement == "per_head")
-    p = Placement::PerHead;
-  else
+                              const std::string& placement, int64_t packed_offset) {
+  CorrectionPlacement p;
+  try {
+    p = parse_placement(placement, "placement");
+  } catch (const std::invalid_argument& e) {
+    value_error("lambda_identity", e.what());
+  }
+  if (!(p.q && p.k && p.v))
     value_error("lambda_identity",
-                "placement must be 'fused' or 'per-head' (got '" + placement + "')");
-  return to_numpy<double>(lambda_identity<double>(Index(D), Index(heads), Index(d_head), p));
+                "placement '" + placement +
+                    "': E is one projection's matrix, so a subset of projections does not apply");
+  if (packed_offset != 0 && p.layout != Placement::Packed)
+    value_error("lambda_identity", "packed_offset applies to placement 'packed' only");
+  return to_numpy<double>(lambda_identity<double>(Index(D), Index(heads), Index(d_head), p.layout,
+                                                  Index(packed_offset)));
 }
 
 /// Whether the binding reads `a` in place (no copy): true for a Fortran-order array, which maps
@@ -345,8 +350,8 @@ NB_MODULE(_core, m) {
   m.def("lambda_correction", &lambda_correction_py, nb::arg("W"), nb::arg("lam") = 10.0,
         "W + lam I_k and the Weyl bound (MATH.md §7), as a dict");
   m.def("lambda_identity", &lambda_identity_py, nb::arg("D"), nb::arg("heads"), nb::arg("d_head"),
-        nb::arg("placement") = "fused",
-        "The D x (heads d_head) matrix E added as lam E (MATH.md §7: fused or per-head)");
+        nb::arg("placement") = "fused", nb::arg("packed_offset") = 0,
+        "The D x (heads d_head) matrix E added as lam E (MATH.md §7: fused, per-head or packed)");
   m.def("input_is_borrowed", &input_is_borrowed, nb::arg("a"),
         "True when the binding reads the array in place (Fortran order), False when it copies");
   bind_attention(m);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`spectral-cond advise` (MATH.md §17) against numpy: every grid point's kappa(J) against the
+"""`spectral-cond advise` (MATH.md §17), and analyze's --placements variants, against numpy: every grid point's kappa(J) against the
 SVD of J by the complex step (test_cli_bias_rope.jacobian) on weights corrected here by hand
 (fused, per-head, packed as qkv.weight + lam eye(3D, D), subsets), the saturated fraction from P,
 the recommendation's rule recomputed from the report, the sampling of heads, the JSON, CSV and
@@ -55,7 +55,9 @@ def shifted(W, r0, lam):
     return C
 
 
-class Advise(unittest.TestCase):
+class Fixture(unittest.TestCase):
+    """Two checkpoints (timm's packed qkv, BERT's separate projections) and LayerNorm'd X."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="sc-advise-")
@@ -84,6 +86,8 @@ class Advise(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return json.loads(r.stdout)["advice"]
 
+
+class Advise(Fixture):
     def test_every_point_against_the_complex_step_jacobian(self):
         D, H, d = self.D, self.H, self.D // self.H
         a = self.advise_json(self.timm, "--heads", H, "--inputs", self.xpath, "--lambdas",
@@ -185,6 +189,56 @@ class Advise(unittest.TestCase):
         self.assertIn("--placements packed", r.stderr)
         self.assertIn("query.weight", r.stderr)
 
+
+class AnalyzePlacements(Fixture):
+    """analyze --jacobian --placements: kappa(J) after lam I under the named placements, as
+    variants lambda_<name>, against the complex-step J of weights corrected here by hand."""
+
+    def test_placements_as_corrected_variants(self):
+        D, H, d = self.D, self.H, self.D // self.H
+        lam = 0.75
+        r = run("analyze", self.timm, "--heads", H, "--jacobian", "--inputs", self.xpath,
+                "--lambda", lam, "--placements", "packed,fused:qk,per_head:v", "--layers", "0",
+                "--format", "json", "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        L = json.loads(r.stdout)["checkpoints"][0]["layers"][0]
+        Wt = self.qkv[0]
+        for h in L["jacobian"]:
+            hh = h["head"]
+            cor = h["corrected"]
+            self.assertEqual(sorted(cor), sorted(["lambda_fused", "lambda_per_head", "exact",
+                                                  "lambda_packed", "lambda_fused:qk",
+                                                  "lambda_per_head:v"]))
+            base = [Wt[b * D + hh * d: b * D + (hh + 1) * d].T for b in range(3)]
+            Wc = Wt + lam * np.eye(3 * D, D)
+            want = {
+                "lambda_packed": [Wc[b * D + hh * d: b * D + (hh + 1) * d].T for b in range(3)],
+                "lambda_fused:qk": [shifted(W, r0, lam) for W, r0 in
+                                    zip(base, (hh * d, hh * d, -1))],
+                "lambda_per_head:v": [shifted(W, r0, lam) for W, r0 in zip(base, (-1, -1, 0))],
+            }
+            for name, (q, k, v) in want.items():
+                ref = svd_kappa(jacobian(self.X, q, k, v, c=1 / math.sqrt(d)))
+                got = num(cor[name]["J"]["kappa"])
+                acc = num(cor[name]["J"]["accuracy"])
+                self.assertLessEqual(abs(got - ref), max(acc, 1e-12) * ref + 1e-9 * ref,
+                                     (hh, name))
+        r = run("analyze", self.timm, "--heads", H, "--jacobian", "--tokens", 6,
+                "--placements", "fused,packed", "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("+lambda I packed", r.stdout)
+        for extra, needle in ((("--placements", "packed"), "needs --jacobian"),
+                              (("--jacobian", "--tokens", 6, "--placements", "diagonal"),
+                               "--placements"),
+                              (("--jacobian", "--tokens", 6, "--placements", "packed",
+                                "--no-jacobian-corrections"), "--no-jacobian-corrections")):
+            r = run("analyze", self.timm, "--heads", H, *extra, "--quiet")
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertIn(needle, r.stderr)
+        r = run("analyze", self.bert, "--heads", H, "--jacobian", "--tokens", 6, "--placements",
+                "packed", "--quiet")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--placements packed", r.stderr)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

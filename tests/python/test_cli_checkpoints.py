@@ -525,6 +525,62 @@ class TestCorrect(Base):
                                     self.close(k, f[0] / f[-1], f"{layout} {role} head {g}")
                                     self.assertLessEqual(k, (10 + s1) / (10 - s1) * (1 + 1e-12))
 
+    def test_packed_and_subset_placements(self):
+        """--placement packed adds lam eye to the packed tensor as stored (output feature f gains
+        lam at input f, f < D: the diagonal in both Linear and Conv1D storage); it is refused on
+        separate Q/K/V tensors and with --method exact; fused:qk leaves W_V's bytes alone."""
+        rng = np.random.default_rng(SEED + 23)
+        lam = 2.5
+        for layout, heads, kv in (("timm", 4, None), ("gpt2", 4, None), ("gpt-neox", 4, None),
+                                  ("falcon", 4, 1), ("llama", 4, 2)):
+            with self.subTest(layout=layout):
+                t, _ = make_model(layout, rng, heads=heads, kv_heads=kv)
+                src = self.path("pk", layout, "model.safetensors")
+                save_file(t, src)
+                args = ["--heads", heads] + (["--kv-heads", kv] if kv else [])
+                out = self.path("pk", layout, "packed.safetensors")
+                r = run("correct", src, *args, "--method", "lambda", "--lambda", lam,
+                        "--placement", "packed", "--out", out, "--quiet")
+                packed = {k for k in t if "mlp" not in k and "bias" not in k}
+                if layout == "llama":  # separate q_proj, k_proj, v_proj
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn("--placement packed", r.stderr)
+                    self.assertIn("separate", r.stderr)
+                    self.assertFalse(os.path.exists(out))
+                    continue
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("placement packed", r.stdout)
+                _, tb = self.tensors_equal_except(src, out, packed)
+                for k in packed:
+                    self.assertTrue(np.array_equal(decode(*tb[k]),
+                                                   t[k] + lam * np.eye(*t[k].shape)), k)
+        # exact has no packed reading
+        r = run("correct", src, "--heads", 4, "--method", "exact", "--placement", "packed",
+                "--out", self.path("pk", "exact.safetensors"), "--quiet")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--placement packed applies to --method lambda", r.stderr)
+        for bad in ("diagonal", "fused:qq", "packed:q", "per-head:"):
+            r = run("correct", src, "--heads", 4, "--method", "lambda", "--placement", bad,
+                    "--out", self.path("pk", "bad.safetensors"), "--quiet")
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("--placement", r.stderr)
+        # a subset: W_Q and W_K of a llama layer (separate tensors) corrected, W_V untouched
+        t, _ = make_model("llama", rng, heads=4, kv_heads=2)
+        src = self.path("pk", "sub", "model.safetensors")
+        save_file(t, src)
+        for placement, d in (("fused:qk", None), ("per-head:qk", 4)):
+            out = self.path("pk", "sub", placement.replace(":", "_") + ".safetensors")
+            r = run("correct", src, "--heads", 4, "--kv-heads", 2, "--method", "lambda",
+                    "--lambda", lam, "--placement", placement, "--out", out, "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            changed = {k for k in t if "q_proj" in k or "k_proj" in k}
+            _, tb = self.tensors_equal_except(src, out, changed)
+            for k in changed:
+                W = t[k].T  # D x width
+                E = np.eye(*W.shape) if d is None else np.hstack([np.eye(W.shape[0], d)] *
+                                                                  (W.shape[1] // d))
+                self.assertTrue(np.array_equal(decode(*tb[k]).T, W + lam * E), (placement, k))
+
     def test_target_and_dtypes(self):
         rng = np.random.default_rng(SEED + 21)
         t, proj = make_model("timm", rng, heads=2)

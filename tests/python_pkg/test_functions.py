@@ -264,6 +264,18 @@ def test_lambda_identity_placements():
     np.testing.assert_array_equal(P, np.hstack([np.eye(4, 3), np.eye(4, 3)]))
     with pytest.raises(ValueError, match="placement"):
         sc.lambda_identity(4, 2, 3, "diagonal")
+    # packed: this projection's slice of eye(D, total width) of [W_Q | W_K | W_V], its columns
+    # starting at packed_offset there (W_K of D = 8, 2 query heads of 2: offset 4)
+    whole = np.eye(8, 4 + 2 + 2)
+    np.testing.assert_array_equal(sc.lambda_identity(8, 1, 2, "packed", packed_offset=4),
+                                  whole[:, 4:6])
+    np.testing.assert_array_equal(sc.lambda_identity(8, 2, 2, "packed"), whole[:, :4])
+    np.testing.assert_array_equal(sc.lambda_identity(3, 1, 2, "packed", packed_offset=2),
+                                  np.eye(3, 4)[:, 2:])  # partly beyond D: one 1 only
+    with pytest.raises(ValueError, match="subset"):
+        sc.lambda_identity(4, 2, 3, "fused:qk")
+    with pytest.raises(ValueError, match="packed_offset"):
+        sc.lambda_identity(4, 2, 3, "fused", packed_offset=1)
 
 
 def test_result_repr_and_dict(rng):

@@ -24,75 +24,6 @@
 
 namespace spectral_cond {
 
-/// The shape of the rectangular identity λ I is taken from (MATH.md §7, "Placements").
-enum class IdentityLayout {
-  Fused,    ///< I of each fused D x (heads d) projection: head h's slice has ones at rows h d + j
-  PerHead,  ///< I(D, d) on each head's own block: ones at rows j
-  Packed,   ///< I of the packed D x (W_Q | W_K | W_V) weight (timm's qkv, in_proj_weight)
-};
-
-/// Where λ I goes: a layout and the projections that receive it (any non-empty subset of q, k,
-/// v). Packed is the identity of the packed weight as a whole: which projections it reaches
-/// follows from the widths (with D = heads d_k, the Q block alone).
-struct CorrectionPlacement {
-  IdentityLayout layout = IdentityLayout::Fused;
-  bool q = true, k = true, v = true;
-
-  /// "fused", "per_head", "packed"; a subset is appended: "fused:qk", "per_head:v".
-  std::string name() const {
-    std::string s = layout == IdentityLayout::Fused     ? "fused"
-                    : layout == IdentityLayout::PerHead ? "per_head"
-                                                        : "packed";
-    if (layout != IdentityLayout::Packed && !(q && k && v)) {
-      s += ':';
-      if (q) s += 'q';
-      if (k) s += 'k';
-      if (v) s += 'v';
-    }
-    return s;
-  }
-  bool operator==(const CorrectionPlacement& o) const {
-    return layout == o.layout && q == o.q && k == o.k && v == o.v;
-  }
-};
-
-/// Parses a placement name ("fused", "per_head" or "per-head", "packed", with ":SUBSET" of q, k,
-/// v for the first two). Throws std::invalid_argument naming `what` and the name.
-inline CorrectionPlacement parse_placement(const std::string& text,
-                                           const std::string& what = "placement") {
-  const auto colon = text.find(':');
-  const std::string base = text.substr(0, colon);
-  CorrectionPlacement p;
-  if (base == "fused") {
-    p.layout = IdentityLayout::Fused;
-  } else if (base == "per_head" || base == "per-head") {
-    p.layout = IdentityLayout::PerHead;
-  } else if (base == "packed") {
-    p.layout = IdentityLayout::Packed;
-  } else {
-    throw std::invalid_argument(what + ": unknown placement '" + text +
-                                "' (expected fused, per_head or packed, optionally with :q, :k, "
-                                ":v or a combination such as fused:qk)");
-  }
-  if (colon == std::string::npos) return p;
-  const std::string subset = text.substr(colon + 1);
-  if (p.layout == IdentityLayout::Packed)
-    throw std::invalid_argument(what + ": '" + text +
-                                "': packed is the identity of the whole packed weight and takes "
-                                "no subset of projections");
-  p.q = p.k = p.v = false;
-  for (const char c : subset) {
-    bool* flag = c == 'q' ? &p.q : c == 'k' ? &p.k : c == 'v' ? &p.v : nullptr;
-    if (!flag || *flag)
-      throw std::invalid_argument(what + ": '" + text +
-                                  "': the subset must be distinct letters among q, k and v");
-    *flag = true;
-  }
-  if (!(p.q || p.k || p.v))
-    throw std::invalid_argument(what + ": '" + text + "': the subset of projections is empty");
-  return p;
-}
-
 /// Where a head sits in its layer: its index, the layer's query heads and key/value heads
 /// (grouped-query attention: kv_heads divides heads; 0 means kv_heads = heads).
 struct HeadPosition {
@@ -116,11 +47,11 @@ inline Index identity_offset(const CorrectionPlacement& p, int which, const Head
   const Index kvh = pos.head / group;
   const Index col = which == 0 ? pos.head * d_k : which == 1 ? kvh * d_k : kvh * d_v;
   switch (p.layout) {
-    case IdentityLayout::PerHead:
+    case Placement::PerHead:
       return (which == 0 ? p.q : which == 1 ? p.k : p.v) ? 0 : -1;
-    case IdentityLayout::Fused:
+    case Placement::Fused:
       return (which == 0 ? p.q : which == 1 ? p.k : p.v) ? col : -1;
-    case IdentityLayout::Packed:
+    case Placement::Packed:
       break;
   }
   if (pos.packed_columns[static_cast<std::size_t>(which)] >= 0)
@@ -160,7 +91,7 @@ inline std::array<Mat<double>, 3> corrected_head_weights(const CRef<double>& WQ,
 struct AdviceOptions {
   std::vector<double> lambdas{0, 0.25, 0.5, 1, 2, 3, 5, 10};
   std::vector<CorrectionPlacement> placements{
-      {IdentityLayout::Fused}, {IdentityLayout::PerHead}, {IdentityLayout::Packed}};
+      {Placement::Fused}, {Placement::PerHead}, {Placement::Packed}};
   /// A grid point is admissible while the fraction of saturated rows of P stays at or below this.
   double max_saturated_fraction = 0.01;
   /// ... and ‖J_QK‖/‖J_V‖ stays at or above this multiple of its value at λ = 0 (no collapse of
@@ -380,7 +311,9 @@ inline AdviceChoice recommend(const std::vector<const HeadAdvice*>& heads) {
 /// slices; `pos`: where the head sits, for the fused and packed identities). Every point's κ(J)
 /// is kappa_jacobian's with o.jacobian; points whose weights equal an earlier point's reuse its
 /// results (same_as). Cost: one κ(J) per distinct point, plus the diagnostics' power iterations.
-inline HeadAdvice advise_head(const CRef<double>& X, const CRef<double>& WQ, const CRef<double>& WK,
+/// (A template only so that a translation unit that does not call it does not compile it.)
+template <typename = void>
+HeadAdvice advise_head(const CRef<double>& X, const CRef<double>& WQ, const CRef<double>& WK,
                               const CRef<double>& WV, const AttentionOptions<double>& opts,
                               const HeadPosition& pos, const AdviceOptions& o = {}) {
   constexpr const char* fn = "advise_head";

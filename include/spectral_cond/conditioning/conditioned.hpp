@@ -75,6 +75,16 @@ struct ConditioningSpec {
 
   /// The same correction for all three projections (the paper's setting).
   static ConditioningSpec shared(const Correction<Scalar>& c) { return {c, c, c}; }
+  /// λ I under a named placement (MATH.md §7): the projections of its subset get
+  /// Correction::with_lambda(λ, its layout), the others none.
+  static ConditioningSpec placed(Scalar lambda, const CorrectionPlacement& p) {
+    ConditioningSpec s;
+    const Correction<Scalar> c = Correction<Scalar>::with_lambda(lambda, p.layout);
+    if (p.q) s.q = c;
+    if (p.k) s.k = c;
+    if (p.v) s.v = c;
+    return s;
+  }
   void check(const char* fn) const {
     q.check(fn);
     k.check(fn);
@@ -108,9 +118,11 @@ class ConditionedAttention {
     constexpr const char* fn = "ConditionedAttention";
     spec_.check(fn);
     set_shape(fn, WQ, WK, WV);
-    info_ = build(spec_.q, CQ_, WQ, heads_, d_k_, /*lambda_too=*/true);
-    info_ = worst(info_, build(spec_.k, CK_, WK, kv_heads_, d_k_, true));
-    info_ = worst(info_, build(spec_.v, CV_, WV, kv_heads_, d_v_, true));
+    // Packed: the projections' first columns in [W_Q | W_K | W_V].
+    const Index ok = heads_ * d_k_, ov = ok + kv_heads_ * d_k_;
+    info_ = build(spec_.q, CQ_, WQ, heads_, d_k_, /*lambda_too=*/true, 0);
+    info_ = worst(info_, build(spec_.k, CK_, WK, kv_heads_, d_k_, true, ok));
+    info_ = worst(info_, build(spec_.v, CV_, WV, kv_heads_, d_v_, true, ov));
   }
 
   /// Recomputes the Exact corrections from the current weights (an SVD per head block);
@@ -235,16 +247,18 @@ class ConditionedAttention {
     detail::require_shape(fn, "W_V", "D x (kv_heads d_v)", D_, kv_heads_ * d_v_, WV);
   }
 
-  /// Builds C for one projection of `blocks` blocks of width d. Lambda and None only when
-  /// `lambda_too` (the constructor); Exact always. Returns InvalidInput for NaN/Inf weights.
+  /// Builds C for one projection of `blocks` blocks of width d, whose first column in the packed
+  /// weight is packed_offset. Lambda and None only when `lambda_too` (the constructor); Exact
+  /// always. Returns InvalidInput for NaN/Inf weights.
   Info build(const Correction<Scalar>& c, Mat<Scalar>& C, const CRef<Scalar>& W, Index blocks,
-             Index d, bool lambda_too) {
+             Index d, bool lambda_too, Index packed_offset = 0) {
     if (c.kind == CorrectionKind::None) {
       if (lambda_too) C = Mat<Scalar>::Zero(W.rows(), W.cols());
       return Info::Success;
     }
     if (c.kind == CorrectionKind::Lambda) {
-      if (lambda_too) C = c.lambda * lambda_identity<Scalar>(W.rows(), blocks, d, c.placement);
+      if (lambda_too)
+        C = c.lambda * lambda_identity<Scalar>(W.rows(), blocks, d, c.placement, packed_offset);
       return Info::Success;
     }
     detail::ensure_size(C, W.rows(), W.cols());

@@ -11,6 +11,8 @@
 #include "spectral_cond/linalg/svd.hpp"
 
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace spectral_cond {
@@ -155,31 +157,114 @@ Mat<Scalar> rectangular_identity(Index rows, Index cols) {
   return Mat<Scalar>::Identity(rows, cols);
 }
 
-/// Where λ I goes in a multi-head layer (MATH.md §7).
+/// Where λ I goes in a multi-head layer: the shape the rectangular identity is taken from
+/// (MATH.md §7, "Placements").
 enum class Placement {
-  Fused,    ///< the rectangular identity of the fused D x (h d) shape: head j gets its d-slice
+  Fused,    ///< I of each fused D x (heads d) projection: head j gets its d-slice of it
   PerHead,  ///< each head's D x d block gets its own top rectangular identity I(D, d)
+  /// I of the packed D x [W_Q | W_K | W_V] weight (timm's qkv, PyTorch's in_proj_weight): the
+  /// projection whose columns start at o in it receives E(o + j, j) for o + j < D; with
+  /// D = heads d_k, the Q block alone.
+  Packed,
 };
 
 inline const char* to_string(Placement p) {
-  return p == Placement::Fused ? "fused" : "per_head";
+  switch (p) {
+    case Placement::Fused:
+      return "fused";
+    case Placement::PerHead:
+      return "per_head";
+    case Placement::Packed:
+      return "packed";
+  }
+  return "unknown";
 }
 
 /// The D x (heads d_head) matrix E whose multiple λ E is added to a fused projection
 /// (MATH.md §7). Fused: E = I(D, heads d_head), so head j receives columns [j d, (j+1) d) of it,
 /// which equal rows [j d, (j+1) d) of I when (j+1) d <= D, and are partly or wholly zero beyond
-/// D. PerHead: E = [I(D, d) | … | I(D, d)].
+/// D. PerHead: E = [I(D, d) | … | I(D, d)]. Packed: E(packed_offset + j, j) = 1 for rows below
+/// D, packed_offset being the projection's first column in the packed weight (Fused is Packed
+/// with offset 0).
 template <typename Scalar = double>
-Mat<Scalar> lambda_identity(Index D, Index heads, Index d_head, Placement placement) {
-  if (D < 1 || heads < 1 || d_head < 1) {
+Mat<Scalar> lambda_identity(Index D, Index heads, Index d_head, Placement placement,
+                            Index packed_offset = 0) {
+  if (D < 1 || heads < 1 || d_head < 1 || packed_offset < 0) {
     std::ostringstream s;
-    s << "D, heads and d_head must be >= 1 (got " << D << ", " << heads << ", " << d_head << ")";
+    s << "D, heads and d_head must be >= 1 and packed_offset >= 0 (got " << D << ", " << heads
+      << ", " << d_head << ", " << packed_offset << ")";
     detail::fail("lambda_identity", s.str());
   }
-  if (placement == Placement::Fused) return Mat<Scalar>::Identity(D, heads * d_head);
-  Mat<Scalar> E(D, heads * d_head);
-  for (Index j = 0; j < heads; ++j) E.middleCols(j * d_head, d_head).setIdentity();
+  Mat<Scalar> E = Mat<Scalar>::Zero(D, heads * d_head);
+  if (placement == Placement::PerHead) {
+    for (Index j = 0; j < heads; ++j) E.middleCols(j * d_head, d_head).setIdentity();
+    return E;
+  }
+  const Index r0 = placement == Placement::Packed ? packed_offset : 0;
+  for (Index j = 0; j < E.cols() && r0 + j < D; ++j) E(r0 + j, j) = Scalar(1);
   return E;
+}
+
+/// Where λ I goes: a layout and the projections that receive it (any non-empty subset of q, k,
+/// v). Packed is the identity of the packed weight as a whole: which projections it reaches
+/// follows from the widths (with D = heads d_k, the Q block alone).
+struct CorrectionPlacement {
+  Placement layout = Placement::Fused;
+  bool q = true, k = true, v = true;
+
+  /// "fused", "per_head", "packed"; a subset is appended: "fused:qk", "per_head:v".
+  std::string name() const {
+    std::string s = to_string(layout);
+    if (layout != Placement::Packed && !(q && k && v)) {
+      s += ':';
+      if (q) s += 'q';
+      if (k) s += 'k';
+      if (v) s += 'v';
+    }
+    return s;
+  }
+  /// Whether projection `which` (0 q, 1 k, 2 v) is in the subset.
+  bool receives(int which) const { return which == 0 ? q : which == 1 ? k : v; }
+  bool operator==(const CorrectionPlacement& o) const {
+    return layout == o.layout && q == o.q && k == o.k && v == o.v;
+  }
+};
+
+/// Parses a placement name ("fused", "per_head" or "per-head", "packed", with ":SUBSET" of q, k,
+/// v for the first two). Throws std::invalid_argument naming `what` and the name.
+inline CorrectionPlacement parse_placement(const std::string& text,
+                                           const std::string& what = "placement") {
+  const auto colon = text.find(':');
+  const std::string base = text.substr(0, colon);
+  CorrectionPlacement p;
+  if (base == "fused") {
+    p.layout = Placement::Fused;
+  } else if (base == "per_head" || base == "per-head") {
+    p.layout = Placement::PerHead;
+  } else if (base == "packed") {
+    p.layout = Placement::Packed;
+  } else {
+    throw std::invalid_argument(what + ": unknown placement '" + text +
+                                "' (expected fused, per_head or packed, optionally with :q, :k, "
+                                ":v or a combination such as fused:qk)");
+  }
+  if (colon == std::string::npos) return p;
+  const std::string subset = text.substr(colon + 1);
+  if (p.layout == Placement::Packed)
+    throw std::invalid_argument(what + ": '" + text +
+                                "': packed is the identity of the whole packed weight and takes "
+                                "no subset of projections");
+  p.q = p.k = p.v = false;
+  for (const char c : subset) {
+    bool* flag = c == 'q' ? &p.q : c == 'k' ? &p.k : c == 'v' ? &p.v : nullptr;
+    if (!flag || *flag)
+      throw std::invalid_argument(what + ": '" + text +
+                                  "': the subset must be distinct letters among q, k and v");
+    *flag = true;
+  }
+  if (!(p.q || p.k || p.v))
+    throw std::invalid_argument(what + ": '" + text + "': the subset of projections is empty");
+  return p;
 }
 
 /// Result of the λ I_k correction (MATH.md §7, the paper's Theorem 3.8), with the Weyl bound.
@@ -281,11 +366,12 @@ LambdaCorrection<typename D::Scalar> lambda_correction(const Eigen::MatrixBase<D
 /// from an SVD. The Weyl bound is claimed only where its hypothesis holds: the head's slice of
 /// the added matrix must be λ times a matrix with orthonormal columns (or rows). For PerHead it
 /// always is; for Fused it is when (j+1) d <= D (the slice is rows [j d, (j+1) d) of I, a
-/// permuted identity block), and not for heads whose slice runs past D (partly zero).
+/// permuted identity block), and not for heads whose slice runs past D (partly zero); likewise
+/// for Packed, whose slices start at row packed_offset + j d.
 template <typename D>
 std::vector<LambdaCorrection<typename D::Scalar>> multihead_lambda_report(
     const Eigen::MatrixBase<D>& W_fused, Index heads, typename D::Scalar lambda,
-    Placement placement) {
+    Placement placement, Index packed_offset = 0) {
   using Scalar = typename D::Scalar;
   constexpr const char* fn = "multihead_lambda_report";
   const CRef<Scalar> w(W_fused);
@@ -297,7 +383,7 @@ std::vector<LambdaCorrection<typename D::Scalar>> multihead_lambda_report(
     detail::fail(fn, s.str());
   }
   const Index d = w.cols() / heads;
-  const Mat<Scalar> E = lambda_identity<Scalar>(w.rows(), heads, d, placement);
+  const Mat<Scalar> E = lambda_identity<Scalar>(w.rows(), heads, d, placement, packed_offset);
   std::vector<LambdaCorrection<Scalar>> out;
   out.reserve(static_cast<size_t>(heads));
   for (Index j = 0; j < heads; ++j)

@@ -47,6 +47,9 @@ struct AnalysisOptions {
   std::string device = "cpu";     ///< cuda: κ(J) of the heads batched on the GPU
   /// With --jacobian, also κ(J) of the corrected weights (λ fused, λ per-head, exact)
   bool jacobian_corrections = true;
+  /// --placements: further placements of λ I (MATH.md §7: packed, subsets such as fused:qk)
+  /// whose κ(J) follows the three corrections above, each named "lambda_" + its name.
+  std::vector<CorrectionPlacement> placements;
   /// With --jacobian, the Q/K/V biases beside the weights (MATH.md §10); false: --no-biases
   bool biases = true;
   std::string rope = "auto";         ///< --rope auto|none|rotate_half|interleaved
@@ -88,7 +91,8 @@ struct HeadStats {
 
 /// κ(J), the bounds and the diagnostics of one head after one correction (MATH.md §6–7, §11).
 struct CorrectedJacobian {
-  std::string correction;  ///< "lambda_fused", "lambda_per_head" or "exact"
+  /// "lambda_fused", "lambda_per_head", "exact", or "lambda_" + a --placements name
+  std::string correction;
   /// The corrected weights equal the original ones (λ = 0, or α = 0 for the exact correction):
   /// the report is the original one.
   bool unchanged = false;
