@@ -69,9 +69,10 @@ class Projection:
     def tensor(self) -> torch.Tensor:
         return getattr(self.owner, self.param)
 
-    def W(self) -> np.ndarray:
-        """The library's W (D x heads d), float64."""
-        t = self.tensor().detach()
+    def W(self, tensor: Optional[torch.Tensor] = None) -> np.ndarray:
+        """The library's W (D x heads d), float64, from the parameter (or from `tensor`, a tensor
+        of its shape: a parametrized parameter's original)."""
+        t = (self.tensor() if tensor is None else tensor).detach()
         idx = torch.as_tensor(self.features, device=t.device)
         sel = t.index_select(0 if self.transposed else 1, idx)
         sel = sel.to("cpu", torch.float64).numpy()

@@ -1,10 +1,12 @@
 """spectral_cond for PyTorch models: the paper's spectral conditioning as a drop-in, and a model
 analysis from real activations (docs/python.md).
 
-- spectral_conditioning(model, method="lambda"|"exact", lam=10, placement="fused"|"per-head"):
-  adds a fixed, untrained correction C to the effective W_Q, W_K and W_V of every attention
-  module, in every forward pass (torch.nn.utils.parametrize), so that gradients flow to W
-  (MATH.md §6–7). remove(model, fold=True) folds W + C into the weights.
+- spectral_conditioning(model, method="lambda"|"exact", lam=10, placement="fused"|"per_head"|
+  "packed" (":qk"-style subsets too), refresh_every=None): adds a fixed, untrained correction C
+  to the effective W_Q, W_K and W_V of every attention module, in every forward pass
+  (torch.nn.utils.parametrize), so that gradients flow to W (MATH.md §6–7); the exact C is
+  recomputed from the current W every k training forward passes (refresh_every=k, the paper's
+  variant) or on demand (refresh(model)). remove(model, fold=True) folds W + C into the weights.
 - analyze_model(model, inputs): per layer and head, kappa(W_Q), kappa(W_K), kappa(W_V) and
   kappa(J) at the module's real input, with the module's own masks, RoPE, biases and scale,
   each head checked against the module's own forward (or declined with the reason);
@@ -50,19 +52,23 @@ __all__ = [
     "analyze_model",
     "find_attention",
     "read_monitor_log",
+    "refresh",
     "remove",
     "spectral_conditioning",
 ]
 
 
 class FixedCorrection(nn.Module):
-    """The parametrization W_eff = W + C with C a fixed buffer (never trained, MATH.md §7)."""
+    """The parametrization W_eff = W + C with C a fixed buffer (never trained, MATH.md §7).
+    `sources`: the projections (Projection, head_dim, layout) whose exact C refresh()
+    recomputes from the current W."""
 
-    def __init__(self, C: torch.Tensor, method: str, placement: str):
+    def __init__(self, C: torch.Tensor, method: str, placement: str, sources=()):
         super().__init__()
         self.register_buffer("C", C)
         self.method = method
         self.placement = placement
+        self.sources = list(sources)
 
     def forward(self, W: torch.Tensor) -> torch.Tensor:
         return W + self.C
@@ -71,12 +77,13 @@ class FixedCorrection(nn.Module):
         return f"method={self.method!r}, placement={self.placement!r}, shape={tuple(self.C.shape)}"
 
 
-def _correction(p: Projection, d: int, method: str, lam: float, layout: str) -> np.ndarray:
-    """C for the library's W (D x heads d), as a float64 array of that shape. layout 'packed':
-    the rectangular identity of the packed parameter in its own storage (eye(3D, D) on a
-    Linear's out x in weight), which at this projection's output features f_j puts lam at row
-    f_j of column j where f_j < D."""
-    W = p.W()
+def _correction(p: Projection, d: int, method: str, lam: float, layout: str,
+                W: np.ndarray = None) -> np.ndarray:
+    """C for the library's W (D x heads d; read from the parameter unless given), as a float64
+    array of that shape. layout 'packed': the rectangular identity of the packed parameter in its
+    own storage (eye(3D, D) on a Linear's out x in weight), which at this projection's output
+    features f_j puts lam at row f_j of column j where f_j < D."""
+    W = p.W() if W is None else W
     D = W.shape[0]
     if layout == "packed":
         C = np.zeros_like(W)
@@ -145,8 +152,50 @@ class _LoadFolded:
                           f"{prefix}parametrizations.{param}.original + C in this state dict")
 
 
+class _ExactRefresh:
+    """Forward pre-hook of the conditioned model: before every k-th forward pass in training
+    mode after the first, the exact C is recomputed from the current W (refresh). Between
+    refreshes C is a constant, so the gradient stays dL/d(W + C)."""
+
+    _spectral_cond = True
+
+    def __init__(self, every: int):
+        self.every = every
+        self.calls = 0
+
+    def __call__(self, module, args):
+        if not module.training:
+            return
+        if self.calls > 0 and self.calls % self.every == 0:
+            refresh(module)
+        self.calls += 1
+
+
+def refresh(model: nn.Module) -> int:
+    """Recomputes every exact correction C of a spectrally conditioned model from the current
+    weights W (the paper's variant of Theorem 3.5's correction, which follows W in training);
+    lambda corrections are fixed and left alone. Returns the number of parameters refreshed."""
+    n = 0
+    with torch.no_grad():
+        for m in model.modules():
+            if not parametrize.is_parametrized(m):
+                continue
+            for param, plist in m.parametrizations.items():
+                for f in plist:
+                    if not (isinstance(f, FixedCorrection) and f.method == "exact"):
+                        continue
+                    W = plist.original
+                    C = torch.zeros(W.shape, dtype=torch.float64)
+                    for p, d, layout in f.sources:
+                        p.place(C, _correction(p, d, "exact", 0.0, layout, W=p.W(W)))
+                    f.C.copy_(C.to(device=f.C.device, dtype=f.C.dtype))
+                    n += 1
+    return n
+
+
 def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float = 10.0,
-                          placement: str = "fused", advice=None) -> nn.Module:
+                          placement: str = "fused", advice=None,
+                          refresh_every=None) -> nn.Module:
     """Spectrally conditioned attention (the paper's method, MATH.md §6–7), in place.
 
     Every attention module's effective W_Q, W_K and W_V become W + C in every forward pass, C
@@ -155,8 +204,9 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
     head's D x d block ("per_head"), or of the packed [Q; K; V] parameter itself ("packed":
     timm's qkv, in_proj_weight, GPT-2's c_attn, which puts I on the Q block alone); a subset of
     the projections is named after a colon ("fused:qk", "per_head:v"). method "exact": C =
-    sigma_1 U V^T of the current weights (Theorem 3.5), fused or per head block, computed once
-    here and then fixed. advice: the result of spectral_cond.torch.advise, whose recommended
+    sigma_1 U V^T of the current weights (Theorem 3.5), fused or per head block, computed here
+    and then fixed, or recomputed from the current W before every refresh_every-th forward pass
+    in training mode (the paper's variant; refresh(model) does it on demand). advice: the result of spectral_cond.torch.advise, whose recommended
     lam and placement are applied (an error, with its reason, when it recommends none).
     Returns `model`.
 
@@ -193,6 +243,14 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
                          "'per_head')")
     if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
         raise ValueError(f"{fn}: lam must be finite and >= 0 (got {lam!r})")
+    if refresh_every is not None:
+        if method != "exact":
+            raise ValueError(f"{fn}: refresh_every applies to method 'exact' only (the lambda "
+                             "correction depends on shapes alone)")
+        if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or \
+                refresh_every < 1:
+            raise ValueError(f"{fn}: refresh_every must be an integer >= 1 (got "
+                             f"{refresh_every!r})")
     sites = find_attention(model)
     if not sites:
         raise ValueError(f"{fn}: the model has no attention module spectral_cond "
@@ -204,6 +262,7 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
                                  f"but {s.name} has separate query/key/value weights")
     # One fixed addend per parameter tensor (a fused qkv weight holds three projections).
     addends: Dict[Tuple[int, str], Tuple[nn.Module, str, torch.Tensor]] = {}
+    sources: Dict[Tuple[int, str], list] = {}
     for s in sites:
         for letter, p in (("q", s.q), ("k", s.k), ("v", s.v)):
             if parametrize.is_parametrized(p.owner, p.param):
@@ -216,20 +275,24 @@ def spectral_conditioning(model: nn.Module, method: str = "lambda", lam: float =
                 addends[key] = (p.owner, p.param, torch.zeros(t.shape, dtype=torch.float64))
             if letter in subset:
                 p.place(addends[key][2], _correction(p, s.head_dim, method, lam, layout))
-    for owner, param, C in addends.values():
+                sources.setdefault(key, []).append((p, s.head_dim, layout))
+    for key, (owner, param, C) in addends.items():
         t = getattr(owner, param)
         parametrize.register_parametrization(
-            owner, param, FixedCorrection(C.to(device=t.device, dtype=t.dtype), method, canonical))
+            owner, param, FixedCorrection(C.to(device=t.device, dtype=t.dtype), method, canonical,
+                                          sources.get(key, ()) if method == "exact" else ()))
         type(owner).__getstate__ = _refuse_pickle
         owner.register_state_dict_post_hook(_FoldedStateDict(param))
         owner.register_load_state_dict_pre_hook(_LoadFolded(param))
+    if refresh_every is not None:
+        model.register_forward_pre_hook(_ExactRefresh(refresh_every))
     return model
 
 
 def _drop_hooks(m: nn.Module) -> None:
     """Removes this module's state-dict hooks of spectral_conditioning (found by a mark on the
     functions, which a deep copy keeps, rather than by handles, which it would share)."""
-    for name in ("_state_dict_hooks", "_load_state_dict_pre_hooks"):
+    for name in ("_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_pre_hooks"):
         hooks = getattr(m, name, None)
         if not hooks:
             continue
@@ -261,6 +324,8 @@ def remove(model: nn.Module, fold: bool = True) -> nn.Module:
                 found = True
         if not parametrize.is_parametrized(m):
             _drop_hooks(m)
+    if found:
+        _drop_hooks(model)  # refresh_every's hook
     if not found:
         raise ValueError("spectral_cond.torch.remove: the model is not spectrally conditioned")
     return model

@@ -145,6 +145,59 @@ def test_exact_fused_and_remove_without_fold_restores_W():
         sct.remove(model)
 
 
+def _exact_C_numpy(W, heads):
+    """sigma_1 U V^T of each head block of W (D x heads d), by numpy's SVD: the reference."""
+    C = np.zeros_like(W)
+    d = W.shape[1] // heads
+    for j in range(heads):
+        U, s, Vt = np.linalg.svd(W[:, j * d:(j + 1) * d], full_matrices=False)
+        C[:, j * d:(j + 1) * d] = s[0] * U @ Vt
+    return C
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_exact_refresh_every_recomputes_C_from_the_trained_W(every):
+    """refresh_every=k: before every k-th training forward pass after the first, C is
+    sigma_1 U V^T of the current W (per head block here); in between C stays fixed, eval passes
+    do not count, and remove() drops the hook."""
+    model = models()["hf"]
+    sct.spectral_conditioning(model, method="exact", placement="per_head", refresh_every=every)
+    site = sct.find_attention(model)[0]
+    q = site.q
+    orig = q.owner.parametrizations[q.param].original
+    fc = q.owner.parametrizations[q.param][0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(2, 5, 8)
+    model.eval()
+    model(x)  # not a training pass
+    model.train()
+    C_before = fc.C.clone()
+    for step in range(1, 2 * every + 2):
+        W_now = q.W(orig)  # the W this forward pass sees, before any refresh
+        C_prev = fc.C.clone()
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+        # forward pass number `step` (1-based) refreshed when step - 1 is a positive multiple
+        refreshed = step > 1 and (step - 1) % every == 0
+        if refreshed:
+            want = _exact_C_numpy(W_now, site.heads)
+            np.testing.assert_allclose(fc.C.numpy().T, want, rtol=0,
+                                       atol=1e-12 * np.abs(want).max())
+            assert not torch.equal(fc.C, C_prev)
+        else:
+            assert torch.equal(fc.C, C_prev)
+    assert not torch.equal(fc.C, C_before)
+    assert sct.refresh(model) == len(weight_tensors(model))
+    sct.remove(model, fold=True)
+    assert not model._forward_pre_hooks
+    with pytest.raises(ValueError, match="refresh_every applies to method 'exact'"):
+        sct.spectral_conditioning(models()["hf"], method="lambda", refresh_every=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="refresh_every must be an integer"):
+            sct.spectral_conditioning(models()["hf"], method="exact", refresh_every=bad)
+
+
 def test_training_step_updates_W_not_C():
     model = models()["encoder"]
     sct.spectral_conditioning(model, lam=10.0)
