@@ -22,7 +22,8 @@ EPOCH_COLUMNS = (
     "task", "arm", "seed", "epoch", "train_loss", "test_loss", "test_accuracy",
     "kappa_WQ_median", "kappa_WQ_max", "kappa_WK_median", "kappa_WK_max", "kappa_WV_median",
     "kappa_WV_max", "kappa_J_median", "kappa_J_max", "kappa_J_layer_median", "kappa_J_layer_max",
-    "free_bound_median", "free_bound_holds", "methods", "accuracy_max", "not_success",
+    "free_bound_median", "free_bound_holds", "free_bound_vacuous", "methods", "accuracy_max",
+    "not_success",
     "row_max_mean", "entropy_mean", "saturated_fraction", "ratio_QK_V_median",
     "collapsed_fraction", "train_seconds", "measure_seconds")
 
@@ -67,6 +68,11 @@ def epoch_rows(result: dict) -> List[dict]:
             layers.setdefault(h["layer"], []).append(h)
         per_layer = []
         for ls in layers.values():
+            # A layer with a singular head (kappa(J) = +inf, its sigma_min at or below the rank
+            # tolerance) is singular: +inf, never the huge finite ratio of a rounded sigma_min.
+            if any(math.isinf(h["kappa_J"]) or h["info"] == "singular" for h in ls):
+                per_layer.append(math.inf)
+                continue
             smax = max(h["sigma_max_J"] for h in ls)
             smin = min(h["sigma_min_J"] for h in ls)
             per_layer.append(math.inf if smin == 0 else smax / smin)
@@ -79,6 +85,8 @@ def epoch_rows(result: dict) -> List[dict]:
         row["free_bound_holds"] = all(
             not (h["kappa_J"] > h["free_bound"] * (1 + h["accuracy"] + slack))
             for h in hs if not math.isnan(h["free_bound"]) and not math.isnan(h["kappa_J"]))
+        # An infinite bound holds vacuously: it confirms nothing, and is counted apart.
+        row["free_bound_vacuous"] = sum(math.isinf(h["free_bound"]) for h in hs)
         row["methods"] = "|".join(sorted({h["method"] for h in hs}))
         row["accuracy_max"] = _max([h["accuracy"] for h in hs])
         row["not_success"] = sum(h["info"] != "success" for h in hs)
@@ -176,6 +184,53 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95):
     return diff, diff - q * se, diff + q * se
 
 
+def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95):
+    """The arms are paired by seed (same initial weights, same batches): the mean of the
+    per-seed differences a_s - b_s, its t confidence interval, the t statistic and its
+    two-sided p-value (NaN with fewer than 2 pairs; t = +-inf where every difference is equal
+    and not zero)."""
+    from scipy import stats
+
+    d = np.asarray(a, float) - np.asarray(b, float)
+    mean = float(d.mean()) if len(d) else float("nan")
+    if len(d) < 2:
+        return dict(diff=mean, ci_low=float("nan"), ci_high=float("nan"), t=float("nan"),
+                    p=float("nan"), n=len(d))
+    se = float(d.std(ddof=1) / math.sqrt(len(d)))
+    if se == 0:
+        t = 0.0 if mean == 0 else math.copysign(math.inf, mean)
+        return dict(diff=mean, ci_low=mean, ci_high=mean, t=t, p=1.0 if mean == 0 else 0.0,
+                    n=len(d))
+    q = float(stats.t.ppf(0.5 + level / 2, len(d) - 1))
+    t = mean / se
+    return dict(diff=mean, ci_low=mean - q * se, ci_high=mean + q * se, t=t,
+                p=float(2 * stats.t.sf(abs(t), len(d) - 1)), n=len(d))
+
+
+def paired_by_epoch(rows: List[dict], task: str, arm: str, baseline: str = "baseline"):
+    """Per epoch: the paired comparison of `arm` with the baseline on the task's metric, and
+    the seeds where the arm was better, tied or worse (higher accuracy, lower loss)."""
+    metric = metric_of(task)
+    sign = 1.0 if metric == "test_accuracy" else -1.0
+    by = {}
+    for r in rows:
+        if r["task"] == task and r["arm"] in (arm, baseline):
+            v = float(r[metric]) if r[metric] not in ("", None) else float("nan")
+            by.setdefault(int(r["epoch"]), {}).setdefault(r["arm"], {})[int(r["seed"])] = v
+    out = []
+    for e in sorted(by):
+        A, B = by[e].get(arm, {}), by[e].get(baseline, {})
+        seeds = sorted(set(A) & set(B))
+        a = [A[s] for s in seeds]
+        b = [B[s] for s in seeds]
+        diffs = [sign * (x - y) for x, y in zip(a, b)]
+        res = paired(a, b)
+        res.update(epoch=e, better=sum(d > 0 for d in diffs), tied=sum(d == 0 for d in diffs),
+                   worse=sum(d < 0 for d in diffs))
+        out.append(res)
+    return out
+
+
 def metric_of(task: str) -> str:
     return "test_accuracy" if task == "vision" else "test_loss"
 
@@ -270,6 +325,60 @@ def markdown_table(summ: List[dict]) -> str:
                 f"{s['saturated_init']:.2f} → {s['saturated_final']:.2f} | "
                 f"{s['collapsed_init']:.2f} → {s['collapsed_final']:.2f} | "
                 f"{_g(s['ratio_QK_V_final'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def paired_table(rows: List[dict], arms: Sequence[str]) -> str:
+    """The arms against the baseline paired by seed (same initial weights and batches): at the
+    last epoch, and over the whole learning curve (the mean of the metric over epochs 1..E per
+    seed, a measure of the speed of learning); the seeds better, tied and worse; the epochs at
+    which every seed was better; and the head measurements whose bound was +inf (vacuous: it
+    holds, and confirms nothing)."""
+    lines = []
+    for task in [t for t in ("vision", "language") if any(r["task"] == t for r in rows)]:
+        metric = metric_of(task)
+        lines += [f"**{task}** — paired by seed: Δ = arm − baseline, t-interval (95%), t and "
+                  "two-sided p; learning curve = mean of the metric over epochs 1..E",
+                  "",
+                  "| arm | final Δ [95% CI] | t, p | better / tied / worse | curve Δ [95% CI] | "
+                  "t, p | epochs with every seed better | vacuous bounds |",
+                  "|---|---|---|---|---|---|---|---|"]
+
+        def curve(arm):
+            per = {}
+            for r in rows:
+                if r["task"] == task and r["arm"] == arm and int(r["epoch"]) > 0:
+                    per.setdefault(int(r["seed"]), []).append(float(r[metric]))
+            return per
+
+        base_curve = curve("baseline")
+        for arm in arms:
+            if arm == "baseline":
+                continue
+            pe = paired_by_epoch(rows, task, arm)
+            if not pe:
+                continue
+            last = pe[-1]
+            c = curve(arm)
+            seeds = sorted(set(c) & set(base_curve))
+            cu = paired([float(np.mean(c[s])) for s in seeds],
+                        [float(np.mean(base_curve[s])) for s in seeds])
+            every = [p["epoch"] for p in pe if p["epoch"] > 0 and p["n"] and p["better"] == p["n"]]
+            vac = sum(int(r.get("free_bound_vacuous", 0) or 0) for r in rows
+                      if r["task"] == task and r["arm"] == arm)
+            heads = sum(1 for r in rows if r["task"] == task and r["arm"] == arm)
+
+            def ci(x):
+                return (f"{x['diff']:+.4f} [–]" if math.isnan(x["ci_low"]) else
+                        f"{x['diff']:+.4f} [{x['ci_low']:+.4f}, {x['ci_high']:+.4f}]")
+
+            def tp(x):
+                return "–" if math.isnan(x["t"]) else f"{x['t']:.2f}, {x['p']:.2g}"
+
+            lines.append(f"| {arm} | {ci(last)} | {tp(last)} | {last['better']} / {last['tied']}"
+                         f" / {last['worse']} | {ci(cu)} | {tp(cu)} | "
+                         f"{len(every)} of {len(pe) - 1} | {vac} (in {heads} epoch rows) |")
         lines.append("")
     return "\n".join(lines)
 

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     report.write_csv(os.path.join(a.out, "heads.csv"), heads, report.HEAD_COLUMNS)
     report.write_csv(os.path.join(a.out, "epochs.csv"), rows, report.EPOCH_COLUMNS)
     summ = report.summary(rows, a.arms)
-    table = report.markdown_table(summ)
+    table = report.markdown_table(summ) + "\n" + report.paired_table(rows, a.arms)
     report.write_atomic(os.path.join(a.out, "results.md"), table)
     for t in a.tasks:
         report.plot(rows, a.arms, t, os.path.join(a.out, f"{t}.png"))

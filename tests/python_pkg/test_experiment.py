@@ -87,8 +87,10 @@ def test_quick_writes_every_output(quick):
     assert s["quick"] is True and s["seeds"] == [0] and s["diverged"] == []
     assert len(s["summary"]) == 2 * len(ARMS)
     md = (out / "results.md").read_text()
+    # each arm once per task in the results table, and once more in the paired table
     for a in ARMS:
-        assert md.count(f"| {a} |") == 2
+        assert md.count(f"| {a} |") == (2 if a == "baseline" else 4)
+    assert md.count("paired by seed") == 2
     assert p.stdout.strip() == md.strip()
 
 
@@ -148,3 +150,25 @@ def test_bad_arguments_are_refused(tmp_path):
     p = subprocess.run([sys.executable, RUN, "--quick", "--out", str(f)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and "--out" in p.stderr and f.read_text() == "keep"
+
+
+def _head(layer, head, kappa, smin, smax, info, free_bound):
+    return dict(kind="head", epoch=0, layer=layer, head=head, kappa_J=kappa, sigma_min_J=smin,
+                sigma_max_J=smax, info=info, free_bound=free_bound, accuracy=1e-12,
+                method="dense", row_max_mean=0.5, entropy_mean=1.0, saturated_fraction=0.0,
+                ratio_QK_V=1.0, collapsed=False, kappa_WQ=1.0, kappa_WK=1.0, kappa_WV=1.0)
+
+
+def test_layer_kappa_of_a_singular_head_is_inf_and_vacuous_bounds_are_counted():
+    """A layer holding a singular head (sigma_min rounded to 1e-30, not 0) is +inf, never the
+    finite sigma_max/sigma_min; an infinite bound is counted as vacuous, apart from 'holds'."""
+    result = {"epochs": [{"epoch": 0, "task": "vision", "arm": "a", "seed": 0}],
+              "records": [_head(0, 0, 3.0, 1.0, 3.0, "success", 10.0),
+                          _head(0, 1, math.inf, 1e-30, 2.0, "singular", math.inf),
+                          _head(1, 0, 4.0, 0.5, 2.0, "success", 8.0),
+                          _head(1, 1, 2.0, 1.0, 2.0, "success", 5.0)]}
+    (row,) = report.epoch_rows(result)
+    assert row["kappa_J_layer_max"] == math.inf
+    assert row["kappa_J_layer_median"] == math.inf  # layers: +inf and 2.0/0.5 = 4
+    assert row["free_bound_vacuous"] == 1
+    assert row["free_bound_holds"] is True
