@@ -264,9 +264,8 @@ TEST_CASE("packed and subset placements: the rectangular identity of [W_Q | W_K 
     for (const char* name : {"packed", "fused:qk", "per_head:v", "fused:q"}) {
       INFO("layer D " << L.D << ", heads " << L.heads << ", placement " << name);
       const CorrectionPlacement p = parse_placement(name);
-      const ConditionedAttention<double> layer(w.WQ, w.WK, w.WV,
-                                               ConditioningSpec<double>::placed(lambda, p),
-                                               options<double>(L));
+      const ConditionedAttention<double> layer(
+          w.WQ, w.WK, w.WV, ConditioningSpec<double>::placed(lambda, p), options<double>(L));
       if (p.layout == Placement::Packed) {
         CHECK(layer.C_Q() == lambda * E.leftCols(wq));
         CHECK(layer.C_K() == lambda * E.middleCols(wq, wk));

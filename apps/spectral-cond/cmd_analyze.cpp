@@ -16,12 +16,12 @@
 // `spectral-cond merge` unites with the others into the unsharded one (merge.hpp);
 // spectral-cond-mpi does both over MPI ranks.
 #include <spectral_cond/engine/analysis.hpp>
-#include "analysis_cli.hpp"
 #include <spectral_cond/engine/analysis_format.hpp>
-#include <spectral_cond/engine/inputs.hpp>
-#include "commands.hpp"
 #include <spectral_cond/engine/device.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/number_text.hpp>
+#include "analysis_cli.hpp"
+#include "commands.hpp"
 #include "progress.hpp"
 #include "run.hpp"
 
@@ -99,8 +99,9 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
   o.jacobian_heads = IndexSelection::parse(a.jacobian_heads, "--jacobian-heads");
   if (placements_set) {
     if (!o.jacobian_corrections)
-      throw BadInput("--placements adds corrected variants: it cannot go with "
-                     "--no-jacobian-corrections");
+      throw BadInput(
+          "--placements adds corrected variants: it cannot go with "
+          "--no-jacobian-corrections");
     o.placements = parse_placements(a.placements);
   }
 

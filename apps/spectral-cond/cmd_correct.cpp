@@ -19,10 +19,10 @@
 // input (or one of its shards), also through a link.
 #include <spectral_cond/engine/advice.hpp>
 #include <spectral_cond/engine/analysis_inputs.hpp>
-#include <spectral_cond/engine/inputs.hpp>
-#include "commands.hpp"
 #include <spectral_cond/engine/index_selection.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/number_text.hpp>
+#include "commands.hpp"
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>
@@ -304,8 +304,8 @@ void run_correct(CorrectArgs a, bool target_set) {
             << enum_name(kMethods, a.method);
   if (a.method == CorrectionMethod::Lambda) std::cout << ", lambda = " << number_text(a.lambda, 6);
   if (target) std::cout << ", target = " << number_text(*target, 6);
-  std::cout << ", placement " << a.placement.name() << "); wrote " << out.size()
-            << " tensors to " << a.out << config_note << '\n';
+  std::cout << ", placement " << a.placement.name() << "); wrote " << out.size() << " tensors to "
+            << a.out << config_note << '\n';
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // spectral-cond: analyze_checkpoint (analysis.hpp), as the steps of CheckpointAnalysis::run.
-#include <spectral_cond/engine/analysis.hpp>
 #include <spectral_cond/engine/advice.hpp>
+#include <spectral_cond/engine/analysis.hpp>
 
 #include <spectral_cond/engine/analysis_inputs.hpp>
-#include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/device.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/matrix_stats.hpp>
 #include <spectral_cond/engine/parallel.hpp>
 #include <spectral_cond/engine/synthetic.hpp>
@@ -171,8 +171,8 @@ class CheckpointAnalysis {
       else if (o_.jacobian && !todo_[i]->cross)
         for (std::int64_t h = 0; h < heads_[i].heads; ++h)
           if (o_.jacobian_heads.contains(h) && mine(k++))
-            units_ += o_.jacobian_corrections ? 4.0 + static_cast<double>(o_.placements.size())
-                                              : 1.0;
+            units_ +=
+                o_.jacobian_corrections ? 4.0 + static_cast<double>(o_.placements.size()) : 1.0;
     }
   }
 
@@ -367,8 +367,8 @@ class CheckpointAnalysis {
         HeadPosition pos{h, H.heads, H.kv_heads, {-1, -1, -1}};
         for (const CorrectionPlacement& p : o_.placements) {
           if (p.layout == Placement::Packed)
-            pos.packed_columns = packed_columns(L, H, h, path_ + ": layer " +
-                                                             std::to_string(L.index));
+            pos.packed_columns =
+                packed_columns(L, H, h, path_ + ": layer " + std::to_string(L.index));
           auto c = corrected_head_weights(w[0].q, w[0].k, w[0].v, p, pos, l);
           w.push_back({std::move(c[0]), std::move(c[1]), std::move(c[2])});
         }
@@ -433,17 +433,17 @@ class CheckpointAnalysis {
     const unsigned threads = resolved_jobs(o_.jobs, heads.size());
     AdviceOptions opt = *o_.advice;
     if (threads > 1)
-      opt.jacobian.qr.threads = std::max(1u, std::max(1u, std::thread::hardware_concurrency()) /
-                                                 threads);
+      opt.jacobian.qr.threads =
+          std::max(1u, std::max(1u, std::thread::hardware_concurrency()) / threads);
     ls.advice.assign(heads.size(), HeadAdvice{});
     parallel_for(heads.size(), threads, [&](std::size_t i) {
       const Index h = heads[i], g = h / (H.heads / H.kv_heads);
       const Mat<double> q = W.q.middleCols(h * H.d_k, H.d_k), k = W.k.middleCols(g * H.d_k, H.d_k),
                         v = W.v.middleCols(g * H.d_v, H.d_v);
       const AttentionOptions<double> hao = head_attention(ao, ls.model, H, h);
-      require_finite_attention(X, q, k, v, hao,
-                               where + " head " + std::to_string(h) + " (tensor " +
-                                   io::quote(L.q.tensor) + ")");
+      require_finite_attention(
+          X, q, k, v, hao,
+          where + " head " + std::to_string(h) + " (tensor " + io::quote(L.q.tensor) + ")");
       ls.advice[i] = advise_head(X, q, k, v, hao, pos[i], opt);
       tick(1);
     });

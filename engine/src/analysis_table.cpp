@@ -105,8 +105,7 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
           << (t.have_diagnostics ? (t.diagnostics.collapsed ? "YES" : "no") : "-") << '\n';
       };
       row("original", j.report);
-      for (const CorrectedJacobian& c : j.corrected)
-        row(correction_label(c.correction), c.report);
+      for (const CorrectedJacobian& c : j.corrected) row(correction_label(c.correction), c.report);
     }
   o << "\nAttention pattern of each head (MATH.md §11): row max m_i = max_j P_ij, entropy H_i, "
        "saturated rows (m_i > 1 - 1e-6, on the diagonal),\nand ||J_QK||_2/||J_V||_2 (spectral "
@@ -133,8 +132,7 @@ std::string jacobian_corrections_table(const CheckpointReport& rep) {
       };
       row("original", j.report);
       for (const CorrectedJacobian& c : j.corrected)
-        if (!c.unchanged)
-          row(correction_label(c.correction), c.report);
+        if (!c.unchanged) row(correction_label(c.correction), c.report);
     }
   for (const std::string& n : notes) o << "  " << n << '\n';
   return o.str();

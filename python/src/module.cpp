@@ -1,8 +1,8 @@
 // spectral_cond._core: condition numbers (MATH.md §4), κ(J) (§12), Theorem 3.4 (§5) and the
 // corrections (§6–7). The attention family is in attention.cpp. Every function returns plain
 // Python values; spectral_cond/__init__.py wraps them in result objects.
-#include "binding.hpp"
 #include <spectral_cond/engine/blas_threads.hpp>  // the engine's pin of OpenBLAS to one thread, as the tool's
+#include "binding.hpp"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -179,7 +179,8 @@ nb::dict theorem34_py(const Array& X, const Array& WQ, const Array& WK, const Ar
     Progress bridge(progress);
     bo.jacobian.progress = bridge.function();
     const Theorem34Report r = bridge.run([&] {
-      return given ? theorem34<S>(x, wq, wk, wv, o, bo, *given) : theorem34<S>(x, wq, wk, wv, o, bo);
+      return given ? theorem34<S>(x, wq, wk, wv, o, bo, *given)
+                   : theorem34<S>(x, wq, wk, wv, o, bo);
     });
     nb::dict out;
     out["X"] = to_dict(r.X);

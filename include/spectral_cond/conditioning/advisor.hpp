@@ -314,8 +314,8 @@ inline AdviceChoice recommend(const std::vector<const HeadAdvice*>& heads) {
 /// (A template only so that a translation unit that does not call it does not compile it.)
 template <typename = void>
 HeadAdvice advise_head(const CRef<double>& X, const CRef<double>& WQ, const CRef<double>& WK,
-                              const CRef<double>& WV, const AttentionOptions<double>& opts,
-                              const HeadPosition& pos, const AdviceOptions& o = {}) {
+                       const CRef<double>& WV, const AttentionOptions<double>& opts,
+                       const HeadPosition& pos, const AdviceOptions& o = {}) {
   constexpr const char* fn = "advise_head";
   o.check(fn);
   detail::check_attention_inputs<double>(fn, X, WQ, WK, WV);

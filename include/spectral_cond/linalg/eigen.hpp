@@ -104,8 +104,7 @@ std::string symmetric_eigenvalues(const Mat<Scalar>& G, bool psd, Vec<Scalar>& a
 /// (then both are left empty).
 /// A template only so that a translation unit that does not call it does not compile it.
 template <typename = void>
-bool smallest_eigenpairs(const Mat<double>& G, Index k, Vec<double>& values,
-                         Mat<double>& vectors) {
+bool smallest_eigenpairs(const Mat<double>& G, Index k, Vec<double>& values, Mat<double>& vectors) {
   const Index n = G.rows();
   values.resize(0);
   vectors.resize(0, 0);

@@ -33,8 +33,7 @@ inline bool packed_layer(const io::AttentionLayerSpec& L) {
 /// Refuses a placement the layer cannot take: packed on separate Q/K/V tensors.
 inline void check_placements(const io::AttentionLayerSpec& L,
                              const std::vector<CorrectionPlacement>& placements,
-                             const std::string& where,
-                             const std::string& flag = "--placements") {
+                             const std::string& where, const std::string& flag = "--placements") {
   for (const CorrectionPlacement& p : placements)
     if (p.layout == Placement::Packed && !packed_layer(L))
       throw BadInput(flag + " packed: " + where +
