@@ -147,15 +147,19 @@ class Capture:
             h.remove()
 
 
-def head_weights(site, h: int):
-    """Head h's effective (W + C) W_Q, W_K, W_V slices (D x d) and biases, float64."""
+def site_weights(site):
+    """The site's effective (W + C) W_Q, W_K, W_V (D x heads d) and biases, float64: read once
+    per site, sliced per head by head_weights."""
+    return [(p.W(), p.b()) for p in (site.q, site.k, site.v)]
+
+
+def head_weights(site, h: int, full=None):
+    """Head h's effective W_Q, W_K, W_V slices (D x d) and biases, from site_weights(site)."""
     d = site.head_dim
     g = h // (site.heads // site.kv_heads)
     out = []
-    for p, j in ((site.q, h), (site.k, g), (site.v, g)):
-        W = p.W()[:, j * d:(j + 1) * d]
-        b = p.b()
-        out.append((W, None if b is None else b[j * d:(j + 1) * d]))
+    for (W, b), j in zip(full or site_weights(site), (h, g, g)):
+        out.append((W[:, j * d:(j + 1) * d], None if b is None else b[j * d:(j + 1) * d]))
     return out
 
 
@@ -223,8 +227,9 @@ def measure(kind: str, model, batch, lam: float, placement: str, args, rng_heads
             qk_v, kappas = [], []
             sampled = set(rng_heads[li])
             diag_layers = {0, len(sites) // 2, len(sites) - 1}
+            full = site_weights(s)
             for h in range(s.heads):
-                wq, wk, wv = head_weights(s, h)
+                wq, wk, wv = head_weights(s, h, full)
                 for b in range(Xall.shape[0]):
                     X = Xall[b]
                     P = pattern(X, wq, wk, c, causal)

@@ -36,19 +36,6 @@ struct Weights {
   bool operator==(const Weights& b) const { return q == b.q && k == b.k && v == b.v; }
 };
 
-Mat<double> fused_slice(const Mat<double>& W, Index col, Index d, double lambda) {
-  Mat<double> s = W.middleCols(col, d);
-  for (Index j = 0; j < d; ++j)
-    if (col + j < W.rows()) s(col + j, j) += lambda;
-  return s;
-}
-
-Mat<double> per_head_slice(const Mat<double>& W, Index col, Index d, double lambda) {
-  Mat<double> s = W.middleCols(col, d);
-  for (Index j = 0; j < std::min<Index>(d, W.rows()); ++j) s(j, j) += lambda;
-  return s;
-}
-
 /// The names of the corrected variants of a head, in the order of CheckpointAnalysis::variants:
 /// the three corrections, then each --placements entry.
 std::vector<std::string> correction_names(const AnalysisOptions& o) {
@@ -358,20 +345,19 @@ class CheckpointAnalysis {
       w.push_back(
           {W.q.middleCols(cq, H.d_k), W.k.middleCols(ck, H.d_k), W.v.middleCols(cv, H.d_v)});
       if (o_.jacobian_corrections) {
-        w.push_back({fused_slice(W.q, cq, H.d_k, l), fused_slice(W.k, ck, H.d_k, l),
-                     fused_slice(W.v, cv, H.d_v, l)});
-        w.push_back({per_head_slice(W.q, cq, H.d_k, l), per_head_slice(W.k, ck, H.d_k, l),
-                     per_head_slice(W.v, cv, H.d_v, l)});
-        w.push_back({exact.q.middleCols(cq, H.d_k), exact.k.middleCols(ck, H.d_k),
-                     exact.v.middleCols(cv, H.d_v)});
         HeadPosition pos{h, H.heads, H.kv_heads, {-1, -1, -1}};
-        for (const CorrectionPlacement& p : o_.placements) {
+        auto placed = [&](const CorrectionPlacement& p) {
           if (p.layout == Placement::Packed)
             pos.packed_columns =
                 packed_columns(L, H, h, path_ + ": layer " + std::to_string(L.index));
           auto c = corrected_head_weights(w[0].q, w[0].k, w[0].v, p, pos, l);
-          w.push_back({std::move(c[0]), std::move(c[1]), std::move(c[2])});
-        }
+          return Weights{std::move(c[0]), std::move(c[1]), std::move(c[2])};
+        };
+        w.push_back(placed({Placement::Fused}));
+        w.push_back(placed({Placement::PerHead}));
+        w.push_back({exact.q.middleCols(cq, H.d_k), exact.k.middleCols(ck, H.d_k),
+                     exact.v.middleCols(cv, H.d_v)});
+        for (const CorrectionPlacement& p : o_.placements) w.push_back(placed(p));
       }
       out.push_back(std::move(w));
     }

@@ -195,11 +195,17 @@ class AnalyzePlacements(Fixture):
     variants lambda_<name>, against the complex-step J of weights corrected here by hand."""
 
     def test_placements_as_corrected_variants(self):
+        for mask in ("none", "causal"):  # causal: as a decoder computes it
+            with self.subTest(mask=mask):
+                self.check_placements(mask)
+        self.check_placement_errors()
+
+    def check_placements(self, mask):
         D, H, d = self.D, self.H, self.D // self.H
         lam = 0.75
         r = run("analyze", self.timm, "--heads", H, "--jacobian", "--inputs", self.xpath,
                 "--lambda", lam, "--placements", "packed,fused:qk,per_head:v", "--layers", "0",
-                "--format", "json", "--quiet")
+                "--mask", mask, "--format", "json", "--quiet")
         self.assertEqual(r.returncode, 0, r.stderr)
         L = json.loads(r.stdout)["checkpoints"][0]["layers"][0]
         Wt = self.qkv[0]
@@ -216,13 +222,19 @@ class AnalyzePlacements(Fixture):
                 "lambda_fused:qk": [shifted(W, r0, lam) for W, r0 in
                                     zip(base, (hh * d, hh * d, -1))],
                 "lambda_per_head:v": [shifted(W, r0, lam) for W, r0 in zip(base, (-1, -1, 0))],
+                "lambda_fused": [shifted(W, hh * d, lam) for W in base],
+                "lambda_per_head": [shifted(W, 0, lam) for W in base],
             }
             for name, (q, k, v) in want.items():
-                ref = svd_kappa(jacobian(self.X, q, k, v, c=1 / math.sqrt(d)))
+                ref = svd_kappa(jacobian(self.X, q, k, v, c=1 / math.sqrt(d),
+                                         causal=mask == "causal"))
                 got = num(cor[name]["J"]["kappa"])
                 acc = num(cor[name]["J"]["accuracy"])
                 self.assertLessEqual(abs(got - ref), max(acc, 1e-12) * ref + 1e-9 * ref,
                                      (hh, name))
+
+    def check_placement_errors(self):
+        H = self.H
         r = run("analyze", self.timm, "--heads", H, "--jacobian", "--tokens", 6,
                 "--placements", "fused,packed", "--quiet")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -239,6 +251,7 @@ class AnalyzePlacements(Fixture):
                 "packed", "--quiet")
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--placements packed", r.stderr)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
