@@ -16,6 +16,16 @@
 
 namespace spectral_cond::cli {
 
+/// After a report of analyze or merge is written: exit 3 (NumericalFailure) naming the first
+/// declined κ(J) answer when there is any (engine::declined_kappa_j), so that no NaN κ(J)
+/// leaves with exit 0 (docs/cli.md).
+inline void fail_if_declined(const std::vector<std::string>& declined) {
+  if (declined.empty()) return;
+  throw NumericalFailure(std::to_string(declined.size()) +
+                         " kappa(J) answer(s) declined and reported as nan, the first " +
+                         declined.front() + " (the report is written; its notes say why)");
+}
+
 /// The options of every command that reads a checkpoint's attention layers and their inputs
 /// (`analyze`, `demo`, `advise`): where the weights are, the heads, the layers, X, RoPE, biases.
 inline void add_model_options(CLI::App* cmd, AnalysisOptions& o) {

@@ -28,6 +28,8 @@
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/paths.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -106,6 +108,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
   }
 
   check_report_out(a.out, a.checkpoints, o.inputs);
+  std::vector<std::string> declined;
   auto compute = [&] {
     std::vector<CheckpointReport> reps;
     std::uint64_t item = 0;  // κ(J) work items, numbered across the checkpoints
@@ -115,9 +118,9 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
           a.checkpoints[i], o, [&](double f) { bar.update(f); }, &item));
       bar.done();
     }
-    return a.format == "json"  ? reports_json(reps, o.shard_index, o.shard_count)
-           : a.format == "csv" ? reports_csv(reps)
-                               : reports_table(reps);
+    const std::string json = reports_json(reps, o.shard_index, o.shard_count);
+    declined = declined_kappa_j(nlohmann::json::parse(json));
+    return a.format == "json" ? json : a.format == "csv" ? reports_csv(reps) : reports_table(reps);
   };
   std::string text;
   if (dist) {
@@ -132,6 +135,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
     const std::optional<std::string> merged = dist->gather(mine, code);
     if (!merged) return;  // not the rank that writes
     text = *merged;
+    declined = declined_kappa_j(nlohmann::json::parse(text));
   } else {
     text = compute();
   }
@@ -141,6 +145,7 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
     io::atomic_write_bytes(a.out, text.data(), text.size());
     if (!a.quiet) std::cerr << "spectral-cond: report written to " << a.out << '\n';
   }
+  fail_if_declined(declined);
 }
 
 }  // namespace

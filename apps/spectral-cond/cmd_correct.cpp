@@ -31,11 +31,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <deque>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -248,6 +250,46 @@ std::vector<io::TensorToWrite> output_tensors(
   return out;
 }
 
+/// Refuses (exit 2, naming the file and the sizes) a correction whose peak memory would exceed
+/// the budget (memory_budget_bytes), estimated from the shapes and dtypes before anything is
+/// read: every tensor not memory-mapped (npz and npy members, PyTorch tensors) held encoded until
+/// the file is written, the corrected tensors encoded, and the largest layer's projections as
+/// doubles three times over (the tensor, W and W + C). Safetensors inputs are mapped, not held.
+void check_correct_memory(const CheckpointReader& src,
+                          const std::vector<io::AttentionLayerSpec*>& todo,
+                          const std::string& checkpoint) {
+  const auto elements = [&](const std::string& name) {
+    double n = 1;
+    for (const std::int64_t e : src.shape(name)) n *= static_cast<double>(e);
+    return n;
+  };
+  std::set<std::string> corrected;
+  double layer_doubles = 0;
+  for (const io::AttentionLayerSpec* L : todo) {
+    std::set<std::string> mine;
+    for (const io::ProjectionSlot* s : {&L->q, &L->k, &L->v}) mine.insert(s->tensor);
+    double n = 0;
+    for (const std::string& t : mine) n += elements(t);
+    layer_doubles = std::max(layer_doubles, 3 * 8 * n);
+    corrected.insert(mine.begin(), mine.end());
+  }
+  double held = 0;
+  for (const std::string& name : src.names())
+    if (!src.checkpoint() || corrected.count(name))
+      held += elements(name) * static_cast<double>(io::dtype_size(src.dtype(name)));
+  const double need = held + layer_doubles, budget = engine::memory_budget_bytes();
+  if (need > budget) {
+    std::ostringstream e;
+    e << checkpoint << ": correcting it needs about " << need / 1e9
+      << " GB in memory (its tensors as they are written: " << held / 1e9
+      << " GB; the largest layer's projections as doubles: " << layer_doubles / 1e9
+      << " GB), more than the memory budget of " << budget / 1e9
+      << " GB (a quarter of physical memory, or SPECTRAL_COND_MEMORY_BUDGET); a safetensors "
+         "file is read in place, not held";
+    throw BadInput(e.str());
+  }
+}
+
 /// The model's config.json beside the output, so that the new file loads as the old one did;
 /// one already there is never replaced. Returns what was done, for the summary line.
 std::string copy_config(const CheckpointReader& src, const std::string& out) {
@@ -286,6 +328,7 @@ void run_correct(CorrectArgs a, bool target_set) {
   std::vector<io::AttentionLayerSpec*> todo;
   for (auto& L : match.layers)
     if (sel.contains(L.index)) todo.push_back(&L);
+  check_correct_memory(src, todo, a.checkpoint);
   Progress bar("correct " + a.checkpoint, !a.quiet);
   std::size_t n_done = 0;
   for (io::AttentionLayerSpec* L : todo) {

@@ -5,9 +5,11 @@
 //   spectral-cond merge s0.json s1.json [--out FILE] [--quiet]
 //
 // The result is the JSON report of the unsharded run (the "seconds" timings aside).
+#include <spectral_cond/engine/analysis_format.hpp>
 #include <spectral_cond/engine/inputs.hpp>
-#include "commands.hpp"
 #include <spectral_cond/engine/merge.hpp>
+#include "analysis_cli.hpp"
+#include "commands.hpp"
 
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/files.hpp>
@@ -72,8 +74,7 @@ void register_merge(CLI::App& app) {
       try {
         docs.push_back(nlohmann::json::parse(read_report(p)));
       } catch (const nlohmann::json::exception& e) {  // malformed, or a number out of range
-        throw BadInput(p + ": not JSON, or a number beyond double (" + std::string(e.what()) +
-                       ")");
+        throw BadInput(p + ": not JSON, or a number beyond double (" + std::string(e.what()) + ")");
       }
     }
     nlohmann::json merged;
@@ -90,6 +91,7 @@ void register_merge(CLI::App& app) {
       io::atomic_write_bytes(a->out, text.data(), text.size());
       if (!a->quiet) std::cerr << "spectral-cond: merged report written to " << a->out << '\n';
     }
+    fail_if_declined(declined_kappa_j(merged));
   });
 }
 

@@ -115,13 +115,13 @@ class CheckpointAnalysis {
       // here, naming the flag, rather than by the allocator halfway through the run.
       const double n = static_cast<double>(o_.tokens);
       const double need = 4 * 8 * n * n;
-      const double budget = static_cast<double>(JacobianKappaOptions{}.resolved_memory_budget());
+      const double budget = memory_budget_bytes();
       if (need > budget) {
         std::ostringstream e;
         e << "--tokens " << o_.tokens << ": one head's attention (" << o_.tokens << " x "
           << o_.tokens << ", four such matrices) needs about " << need / 1e9
           << " GB, more than the memory budget of " << budget / 1e9
-          << " GB (a quarter of physical memory); use --tokens "
+          << " GB (a quarter of physical memory, or SPECTRAL_COND_MEMORY_BUDGET); use --tokens "
           << static_cast<long long>(std::sqrt(budget / 32)) << " or fewer";
         throw BadInput(e.str());
       }

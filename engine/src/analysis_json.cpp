@@ -171,4 +171,36 @@ std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_
   return json_text(doc);
 }
 
+std::vector<std::string> declined_kappa_j(const nlohmann::json& doc) {
+  std::vector<std::string> out;
+  const nlohmann::json none = nlohmann::json::array();
+  const auto text = [](const nlohmann::json& v) {
+    return v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  const auto check = [&](const nlohmann::json& entry, const std::string& where) {
+    if (!entry.is_object() || !entry.contains("J") || !entry["J"].is_object()) return;
+    const nlohmann::json& J = entry["J"];
+    const std::string info = J.contains("info") ? text(J["info"]) : "";
+    const bool nan = J.contains("kappa") && J["kappa"] == "nan";
+    if (info == "not_converging" || info == "inaccurate" || info == "too_large" ||
+        info == "invalid_input" || nan)
+      out.push_back(where + ": " + (info.empty() || info == "success" ? "kappa nan" : info));
+  };
+  const auto array = [&](const nlohmann::json& o, const char* key) -> const nlohmann::json& {
+    return o.is_object() && o.contains(key) && o[key].is_array() ? o[key] : none;
+  };
+  for (const nlohmann::json& c : array(doc, "checkpoints"))
+    for (const nlohmann::json& L : array(c, "layers"))
+      for (const nlohmann::json& h : array(L, "jacobian")) {
+        const std::string where = text(c.value("path", nlohmann::json("?"))) + " layer " +
+                                  text(L.value("index", nlohmann::json("?"))) + " head " +
+                                  text(h.value("head", nlohmann::json("?")));
+        check(h, where);
+        if (h.contains("corrected") && h["corrected"].is_object())
+          for (const auto& v : h["corrected"].items())
+            check(v.value(), where + " (" + v.key() + ")");
+      }
+  return out;
+}
+
 }  // namespace spectral_cond::engine

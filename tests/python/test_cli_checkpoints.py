@@ -700,6 +700,25 @@ class TestCorrect(Base):
         self.assertEqual(got["big"].dtype, np.float16)
         self.assertTrue(np.array_equal(got["big"], t["big"]))
         self.assertTrue(np.array_equal(got["fo"], np.ascontiguousarray(t["fo"])))
+        # Under a memory budget below what it must hold (the 64 MiB member, stored as float16):
+        # refused before any work, exit 2 naming the file and the sizes, nothing written. The
+        # estimate counts the member's bytes (2 x 4096 x 8192), so a budget just above passes.
+        refused = self.path("npzmem", "refused.safetensors")
+        need = 2 * 4096 * 8192
+        for budget, rc in ((need // 2, 2), (need + (8 << 20), 0)):
+            with self.subTest(budget=budget):
+                r = subprocess.run([*cmd[:-2], refused, "--quiet"], capture_output=True, text=True,
+                                   timeout=TIMEOUT,
+                                   env=dict(os.environ, SPECTRAL_COND_MEMORY_BUDGET=str(budget)))
+                self.assertEqual(r.returncode, rc, r.stderr)
+                if rc == 2:
+                    self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                    self.assertIn(src, r.stderr)
+                    self.assertIn("memory budget", r.stderr)
+                    self.assertEqual([f for f in os.listdir(os.path.dirname(refused))
+                                      if f.startswith("refused")], [])
+                else:
+                    self.assertTrue(os.path.exists(refused))
 
 
 class TestJacobian(Base):

@@ -219,6 +219,67 @@ class Sweep(unittest.TestCase):
         self.expect_bad(run("analyze", self.model, "--heads", HEADS, "--shard", "0/2"),
                         "--shard needs --jacobian")
 
+    DECLINED = ("not_converging", "inaccurate", "too_large", "invalid_input")
+
+    def declined_in(self, doc):
+        """(layer, head, variant) of every kappa(J) the report declines, read from the JSON."""
+        out = []
+        for L in doc["checkpoints"][0]["layers"]:
+            for j in L["jacobian"]:
+                entries = [("J", j), *sorted(j.get("corrected", {}).items())]
+                for name, e in entries:
+                    if e["J"]["info"] in self.DECLINED or e["J"]["kappa"] == "nan":
+                        out.append((L["index"], j["head"], name))
+        return out
+
+    def test_declined_answers_are_written_then_exit_3(self):
+        # gram squares J: at logit scale 30 some heads' J are beyond its resolution, and it
+        # declines them (inaccurate, kappa nan). The report is written whole, then exit 3 with
+        # one line naming the first declined answer and the count; never nan with exit 0.
+        extra = ("--method", "gram", "--scale", 30)
+        out = self.path("declined.json")
+        r = run("analyze", self.model, *self.args, *extra, "--format", "json", "--out", out)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        doc = self.load(out)
+        declined = self.declined_in(doc)
+        self.assertGreater(len(declined), 0)
+        self.assertLess(len(declined), LAYERS * HEADS * 4)  # some heads are answered
+        self.assertIn(f"{len(declined)} kappa(J) answer(s) declined", r.stderr)
+        layer, head, name = declined[0]
+        self.assertIn(f"layer {layer} head {head}" + ("" if name == "J" else f" ({name})"),
+                      r.stderr)
+        # The same in every format, on stdout; and with every head on threads.
+        for fmt in ("table", "csv"):
+            r = run("analyze", self.model, *self.args, *extra, "--format", fmt)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn("Jacobian of each head" if fmt == "table" else ",J,", r.stdout)
+        r = run("analyze", self.model, *self.args, *extra, "--format", "json", "--jobs", 2)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assert_same_report(r.stdout, doc)
+        # Shards: each exits 3 where it holds a declined answer, and merge says it again.
+        paths, codes = [], []
+        for i in range(2):
+            p = self.path(f"declined{i}.json")
+            r = run("analyze", self.model, *self.args, *extra, "--format", "json",
+                    "--shard", f"{i}/2", "--out", p)
+            codes.append(r.returncode)
+            self.assertEqual(r.returncode, 3 if self.declined_in(self.load(p)) else 0, r.stderr)
+            paths.append(p)
+        self.assertIn(3, codes)
+        r = run("merge", *paths)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"{len(declined)} kappa(J) answer(s) declined", r.stderr)
+        self.assert_same_report(r.stdout, doc)
+        # The accurate default method answers every head at the same scale: exit 0, no nan.
+        r = run("analyze", self.model, *self.args, "--scale", 30, "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.declined_in(json.loads(r.stdout)), [])
+        if MPI_EXE is not None:
+            r = mpirun(2, "analyze", self.model, *self.args, *extra, "--format", "json")
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assert_same_report(r.stdout, doc)
+
     def test_mpi_gives_the_serial_report(self):
         if MPI_EXE is None:
             self.skipTest("spectral-cond-mpi not built (no MPI)")

@@ -4,6 +4,8 @@
 
 #include "analysis_types.hpp"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +21,12 @@ inline constexpr int kAnalyzeFormatVersion = 2;
 /// merge field by field (merge.hpp).
 std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_t shard_index = 0,
                          std::uint64_t shard_count = 1);
+
+/// The κ(J) answers of an `analyze` JSON document (reports_json, or shards merged) that were
+/// declined: `info` not_converging, inaccurate, too_large or invalid_input, or κ NaN; one line
+/// each, "<path> layer L head h[ (variant)]: <info>". analyze and merge write their report and
+/// then exit 3 when there is any (docs/cli.md): no NaN κ(J) leaves with exit 0.
+std::vector<std::string> declined_kappa_j(const nlohmann::json& doc);
 
 /// One CSV row per (checkpoint, layer, head, matrix) and per Jacobian (matrix "J").
 std::string reports_csv(const std::vector<CheckpointReport>& reps);

@@ -7,10 +7,12 @@
 // "spectral-cond: error: <message>", on stderr.
 #pragma once
 
+#include <spectral_cond/conditioning/methods/options.hpp>
 #include <spectral_cond/core/attention.hpp>
 #include <spectral_cond/core/common.hpp>
 #include <spectral_cond/io/npy.hpp>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -42,6 +44,20 @@ struct BadInput : Error {
 struct NumericalFailure : Error {
   explicit NumericalFailure(const std::string& msg) : Error(kNumericalFailure, msg) {}
 };
+
+/// The memory the tool allows itself for one piece of work, in bytes: a quarter of physical
+/// memory (the κ(J) methods' budget, JacobianKappaOptions::memory_budget), or
+/// SPECTRAL_COND_MEMORY_BUDGET bytes where that environment variable holds a positive integer
+/// (shared machines, tests). `analyze --tokens` and `correct` are refused beyond it, before any
+/// work (docs/cli.md).
+inline double memory_budget_bytes() {
+  if (const char* env = std::getenv("SPECTRAL_COND_MEMORY_BUDGET")) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return static_cast<double>(v);
+  }
+  return static_cast<double>(JacobianKappaOptions{}.resolved_memory_budget());
+}
 
 /// Reads a 2-D float32 or float64 .npy file (C or Fortran order) as double. `role` names the
 /// tensor in messages ("X", "W_Q"). Throws io::IoError (malformed file, not 2-D) or BadInput
