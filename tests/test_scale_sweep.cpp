@@ -15,6 +15,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,73 @@ TEST_CASE("kappa of a matrix at every scale: the same kappa, sigma scaled back")
         CHECK(rel(std::ldexp(r.sigma_max, -k), back.sigma_max) < 1e-12);
       if (k > -1000) CHECK(rel(r.kappa, ref.kappa) < 1e-12);  // nothing rounded at this scale
     }
+  }
+}
+
+namespace {
+
+/// A number as the library prints it in notes (ostream's default format).
+std::string printed(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+/// A singular answer at scale 2^j of one at scale 1 (r1): every absolute field 2^j times r1's
+/// exactly (both are computed on the same rescaled matrix), and the note's sigma_min and
+/// tolerance are the fields' own values (a factor 2^k apart before, k the rescaling exponent).
+void check_singular_scaled(const ConditionResult<double>& r, const ConditionResult<double>& r1,
+                           int j) {
+  INFO("note: " << r.note);
+  REQUIRE(r.info == Info::Singular);
+  CHECK(r.rank == r1.rank);
+  CHECK(r.sigma_max == std::ldexp(r1.sigma_max, j));
+  CHECK(r.sigma_min == std::ldexp(r1.sigma_min, j));
+  CHECK(r.rank_tol == std::ldexp(r1.rank_tol, j));
+  CHECK(r.sigma_dropped == std::ldexp(r1.sigma_dropped, j));
+  CHECK(r.sigma_dropped <= r.rank_tol);
+  CHECK(r.sigma_dropped >= r.sigma_min);
+  CHECK(r.note.find("(sigma_min = " + printed(r.sigma_min) + ")") != std::string::npos);
+  CHECK(r.note.find("at tolerance " + printed(r.rank_tol) + " ") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("a singular verdict at any scale: sigma_dropped and the note agree with sigma_min") {
+  // Rank 3 of 6 with rounding-level dropped singular values, at max |M| 0.3 (the SVD runs on
+  // M 2^2), so that the rescaling is not the identity at j = 0 either.
+  std::mt19937_64 rng(11);
+  const Mat<double> A = sc_test::randn<double>(7, 3, rng), B = sc_test::randn<double>(3, 6, rng);
+  Mat<double> M = A * B;
+  M *= 0.3 / M.cwiseAbs().maxCoeff();
+  const ConditionResult<double> r1 = kappa(M);
+  REQUIRE(r1.info == Info::Singular);
+  REQUIRE(r1.rank == 3);
+  REQUIRE(r1.sigma_dropped > 0);
+  for (int j : {0, -1, 3, -40, 200}) {
+    INFO("M 2^" << j);
+    check_singular_scaled(kappa(Mat<double>(times_pow2<double>(M, j))), r1, j);
+  }
+  // κ(J) of a tall J (N d_v rows > D (2 d_k + d_v) columns): singular by its gauge directions,
+  // dense SVD; X of max |X| 3 is rescaled by 2^-1.
+  sc_test::Problem<double> p;
+  p.X = sc_test::randn<double>(12, 2, rng);
+  p.X *= 3 / p.X.cwiseAbs().maxCoeff();
+  p.WQ = sc_test::randn<double>(2, 2, rng);
+  p.WK = sc_test::randn<double>(2, 2, rng);
+  p.WV = sc_test::randn<double>(2, 2, rng);
+  JacobianKappaOptions jo;
+  jo.method = JacobianKappaMethod::Dense;
+  const ConditionResult<double> J1 =
+      kappa_jacobian<double>(p.X, p.WQ, p.WK, p.WV, AttentionOptions<double>{}, jo);
+  REQUIRE(J1.info == Info::Singular);
+  REQUIRE(J1.sigma_dropped > 0);
+  for (int j : {0, 5, -30}) {
+    INFO("(X 2^" << j << ", W 2^-" << j << ")");
+    const Scaled s = scaled(p, j);
+    check_singular_scaled(kappa_jacobian<double>(s.stored.X, s.stored.WQ, s.stored.WK, s.stored.WV,
+                                                 AttentionOptions<double>{}, jo),
+                          J1, j);
   }
 }
 

@@ -16,9 +16,14 @@
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace spectral_cond {
 
@@ -139,6 +144,66 @@ void certify_rank(ConditionResult<Scalar>& res, const Scalar& kept, const Scalar
 
 }  // namespace detail
 
+namespace detail {
+
+/// `r`, computed on a matrix 2^k times the one asked about (an exact rescaling into range: of M
+/// in kappa, of J through (X 2^k, W 2^-k) in kappa_jacobian), made that matrix's: the singular
+/// values, the rank tolerance and the largest dropped singular value scaled by 2^-k (κ, κ₊, the
+/// rank gap and the stated accuracy are ratios, unchanged), and every number of the note that
+/// prints as one of them (ostream's default format, the one the methods write them in) replaced by
+/// its scaled value, so that the note and the fields agree.
+template <typename Scalar>
+void scale_back(ConditionResult<Scalar>& r, int k) {
+  std::vector<std::pair<std::string, std::string>> swap;
+  for (Scalar* x : {&r.sigma_max, &r.sigma_min, &r.sigma_min_plus, &r.rank_tol, &r.sigma_dropped}) {
+    if (!std::isfinite(*x) || *x == 0) continue;
+    const Scalar y = std::ldexp(*x, -k);
+    std::ostringstream a, b;
+    a << *x;
+    b << y;
+    // A value that prints as a plain integer could be any count in the note: left as it is.
+    if (a.str().find_first_of(".e") != std::string::npos) swap.emplace_back(a.str(), b.str());
+    *x = y;
+  }
+  if (swap.empty()) return;
+  const std::string& s = r.note;
+  const auto digit = [&](std::size_t i) {
+    return i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) != 0;
+  };
+  std::string out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const bool starts =
+        digit(i) && (i == 0 || !(std::isalnum(static_cast<unsigned char>(s[i - 1])) ||
+                                 s[i - 1] == '.' || s[i - 1] == '_'));
+    if (!starts) {
+      out += s[i++];
+      continue;
+    }
+    std::size_t j = i;
+    while (digit(j) || (j < s.size() && s[j] == '.') ||
+           (j < s.size() && s[j] == 'e' &&
+            (digit(j + 1) || ((s[j + 1] == '-' || s[j + 1] == '+') && digit(j + 2)))) ||
+           (j > i && (s[j] == '-' || s[j] == '+') && s[j - 1] == 'e'))
+      ++j;
+    std::string token = s.substr(i, j - i), tail;
+    while (!token.empty() && token.back() == '.') {  // a sentence's full stop
+      token.pop_back();
+      tail += '.';
+    }
+    for (const auto& p : swap)
+      if (token == p.first) {
+        token = p.second;
+        break;
+      }
+    out += token + tail;
+    i = j;
+  }
+  r.note = out;
+}
+
+}  // namespace detail
+
 /// Condition numbers from singular values already computed (sorted decreasingly, length
 /// min(m, n), of an m x n matrix), by the rules documented at ConditionResult (MATH.md §4).
 /// For code that has its own SVD; `method` is copied into the result. Throws
@@ -255,10 +320,7 @@ ConditionResult<typename D::Scalar> kappa(const Eigen::MatrixBase<D>& M,
   }
   ConditionResult<Scalar> res =
       condition_from_singular_values<Scalar>(sv, m.rows(), m.cols(), opts, name);
-  if constexpr (std::is_floating_point<Scalar>::value) {
-    for (Scalar* x : {&res.sigma_max, &res.sigma_min, &res.sigma_min_plus, &res.rank_tol})
-      if (std::isfinite(*x)) *x = std::ldexp(*x, -k);
-  }
+  if constexpr (std::is_floating_point<Scalar>::value) detail::scale_back(res, k);
   if (svd_info != Info::Success) res.info = svd_info;
   if (!svd_note.empty()) res.note = res.note.empty() ? svd_note : svd_note + "; " + res.note;
   return res;

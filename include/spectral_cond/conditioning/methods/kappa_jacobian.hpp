@@ -39,8 +39,8 @@
 #include "spectral_cond/conditioning/methods/lobpcg.hpp"
 #include "spectral_cond/conditioning/methods/matfree.hpp"
 #include "spectral_cond/conditioning/methods/plan.hpp"
-#include "spectral_cond/core/scaling.hpp"
 #include "spectral_cond/conditioning/methods/qr.hpp"
+#include "spectral_cond/core/scaling.hpp"
 
 namespace spectral_cond {
 
@@ -73,8 +73,7 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
                       Vs = times_pow2<Scalar>(WV, -k);
     if (Qs.allFinite() && Ks.allFinite() && Vs.allFinite()) {
       ConditionResult<double> r = kappa_jacobian<Scalar>(Xs, Qs, Ks, Vs, opts, jo);
-      for (double* x : {&r.sigma_max, &r.sigma_min, &r.sigma_min_plus, &r.rank_tol})
-        if (std::isfinite(*x)) *x = std::ldexp(*x, -k);
+      detail::scale_back(r, k);
       return r;
     }
   }
@@ -135,12 +134,12 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
   if (plan.order.empty()) {
     res.method = "auto";
     res.info = Info::TooLarge;
-    res.sigma_max = res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus =
-        res.accuracy = std::numeric_limits<double>::quiet_NaN();
+    res.sigma_max = res.sigma_min = res.kappa = res.sigma_min_plus = res.kappa_plus = res.accuracy =
+        std::numeric_limits<double>::quiet_NaN();
     res.rank = -1;
-    res.note = why.str() + " (N = " + std::to_string(shape.N) + ", D = " +
-               std::to_string(shape.D) + ", d_k = " + std::to_string(shape.d_k) + ", d_v = " +
-               std::to_string(shape.d_v) + "): declined before allocating anything";
+    res.note = why.str() + " (N = " + std::to_string(shape.N) + ", D = " + std::to_string(shape.D) +
+               ", d_k = " + std::to_string(shape.d_k) + ", d_v = " + std::to_string(shape.d_v) +
+               "): declined before allocating anything";
     return res;
   }
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
@@ -165,8 +164,8 @@ ConditionResult<double> kappa_jacobian(const CRef<Scalar>& X, const CRef<Scalar>
                               : res.info == Info::Success || res.info == Info::Singular;
     if (answered || i + 1 == plan.order.size()) break;
     if (m != JacobianKappaMethod::Lobpcg)
-      why << "; " << to_string(m) << " did not answer (" << to_string(res.info) << ": "
-          << res.note << ")";
+      why << "; " << to_string(m) << " did not answer (" << to_string(res.info) << ": " << res.note
+          << ")";
   }
   res.note = res.note.empty() ? why.str() : why.str() + "; " + res.note;
   return res;
