@@ -498,16 +498,13 @@ TEST_CASE("verify seed default: the sweep fails no proven statement" *
   CHECK(artefacts == 9);
 }
 
-// The other seeds run a quarter of the sweep each (4 instances per regime), to keep CI under
-// 45 minutes.
+// A second seed runs an eighth of the sweep (2 instances per regime: instance k takes shape k mod
+// 2, so both shapes of every class), to keep CI under 45 minutes; scripts/verify-table runs any
+// seed whole. (The second shape costs most: its tall J's uncertain ranks are re-checked in
+// extended precision, 34 of the 46 s of `verify --instances-per-regime 2`.)
 TEST_CASE("verify seed 1: the sweep fails no proven statement" *
           doctest::skip(SC_TEST_SANITIZED != 0)) {
-  check_seed(1, 4);
-}
-
-TEST_CASE("verify seed 424242: the sweep fails no proven statement" *
-          doctest::skip(SC_TEST_SANITIZED != 0)) {
-  check_seed(424242, 4);
+  check_seed(1, 2);
 }
 
 #ifdef SC_TEST_HAVE_JSON

@@ -156,26 +156,35 @@ class ScaleAndZero(unittest.TestCase):
         k = json.loads(r.stdout)["kappa"]
         return float(k)
 
+    def kappas(self, jobs):
+        """kappa of every (arrays, t, method) in `jobs`, the runs spread over the cores (under
+        valgrind each takes seconds), in order."""
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return list(pool.map(lambda ij: self.kappa(*ij[1], f"j{ij[0]}"), enumerate(jobs)))
+
     def test_scale_invariance_wide(self):
-        for m in self.METHODS:
-            ref = self.kappa(self.wide, 1.0, m, "w")
-            for t in self.SCALES:
+        scales = (1.0, *self.SCALES)  # each method's first run, t = 1, is its reference
+        got = self.kappas([(self.wide, t, m) for m in self.METHODS for t in scales])
+        for i, m in enumerate(self.METHODS):
+            ks = got[i * len(scales):(i + 1) * len(scales)]
+            for t, k in zip(scales[1:], ks[1:]):
                 with self.subTest(method=m, t=t):
-                    k = self.kappa(self.wide, t, m, "w")
-                    self.assertTrue(abs(k - ref) <= 1e-9 * ref, f"{m}: kappa {k} at t={t}, {ref} at 1")
+                    self.assertTrue(abs(k - ks[0]) <= 1e-9 * ks[0],
+                                    f"{m}: kappa {k} at t={t}, {ks[0]} at 1")
 
     def test_scale_invariance_singular(self):
-        for m in ("dense", "qr", "auto"):
-            for t in self.SCALES:
-                with self.subTest(method=m, t=t):
-                    self.assertEqual(self.kappa(self.tall, t, m, "t"), float("inf"),
-                                     f"{m}: a singular J reported finite at t={t}")
+        jobs = [(self.tall, t, m) for m in ("dense", "qr", "auto") for t in self.SCALES]
+        for (_, t, m), k in zip(jobs, self.kappas(jobs)):
+            with self.subTest(method=m, t=t):
+                self.assertEqual(k, float("inf"), f"{m}: a singular J reported finite at t={t}")
 
     def test_zero_x(self):
         zero = dict(self.wide, X=self.np.zeros((4, 3)))
-        for m in self.METHODS:
+        jobs = [(zero, 1.0, m) for m in self.METHODS]
+        for (_, _, m), k in zip(jobs, self.kappas(jobs)):
             with self.subTest(method=m):
-                self.assertEqual(self.kappa(zero, 1.0, m, "z"), float("inf"))
+                self.assertEqual(k, float("inf"))
 
 
 def json_values(doc, key):
