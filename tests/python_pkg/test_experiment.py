@@ -172,3 +172,46 @@ def test_layer_kappa_of_a_singular_head_is_inf_and_vacuous_bounds_are_counted():
     assert row["kappa_J_layer_median"] == math.inf  # layers: +inf and 2.0/0.5 = 4
     assert row["free_bound_vacuous"] == 1
     assert row["free_bound_holds"] is True
+
+
+def test_the_documents_counts_are_the_committed_files():
+    """The counts docs/reproduction.md states of its committed run equal what
+    docs/reproduction/epochs.csv holds (recomputed here): head measurements per task, the singular
+    ones in all and in the lambda = 10 arms, and the lambda = 10 epoch rows whose bound without
+    hypothesis is +inf (vacuous)."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "reproduction.md")) as f:
+        text = " ".join(f.read().split())
+    _, rows = _csv(os.path.join(ROOT, "docs", "reproduction", "epochs.csv"))
+    measured = [r for r in rows if r["kappa_J_median"] != ""]
+
+    def num(s):
+        return int(s.replace(",", ""))
+
+    m = re.search(r"Of ([\d,]+) head measurements \(vision: ([\d,]+) epoch rows of (\d+) heads, "
+                  r"([\d,]+); language: ([\d,]+) of (\d+), ([\d,]+)\) ([\d,]+) are `singular`, all "
+                  r"but (\d+) in the λ = 10 arms \(vision: ([\d,]+) of ([\d,]+); language: "
+                  r"([\d,]+) of ([\d,]+)\)", text)
+    assert m, "the sentence with the counts of head measurements is not in the document"
+    (total, v_rows, v_heads, v_meas, l_rows, l_heads, l_meas, singular, outside, v_sing10,
+     v_meas10, l_sing10, l_meas10) = (num(g) for g in m.groups())
+    per_task = {"vision": (v_rows, v_heads, v_meas, v_sing10, v_meas10),
+                "language": (l_rows, l_heads, l_meas, l_sing10, l_meas10)}
+    for task, (n_rows, heads, meas, sing10, meas10) in per_task.items():
+        mine = [r for r in measured if r["task"] == task]
+        ten = [r for r in mine if r["arm"].startswith("lambda10")]
+        assert len(mine) == n_rows and n_rows * heads == meas, task
+        assert len(ten) * heads == meas10, task
+        assert sum(int(r["not_success"]) for r in ten) == sing10, task
+    assert total == v_meas + l_meas
+    all_singular = sum(int(r["not_success"]) for r in measured)
+    assert all_singular == singular
+    assert singular - v_sing10 - l_sing10 == outside
+
+    m = re.search(r"in ([\d,]+) of the ([\d,]+) λ = 10 epoch rows its median over heads is \+inf",
+                  text)
+    assert m, "the sentence with the vacuous bounds is not in the document"
+    ten = [r for r in measured if r["arm"].startswith("lambda10")]
+    assert num(m.group(2)) == len(ten)
+    assert num(m.group(1)) == sum(1 for r in ten if float(r["free_bound_median"]) == math.inf)
