@@ -215,3 +215,24 @@ def test_the_documents_counts_are_the_committed_files():
     ten = [r for r in measured if r["arm"].startswith("lambda10")]
     assert num(m.group(2)) == len(ten)
     assert num(m.group(1)) == sum(1 for r in ten if float(r["free_bound_median"]) == math.inf)
+
+
+def test_no_finite_kappa_above_1e16_in_the_committed_tables():
+    """The project's rule in every committed CSV of docs/reproduction/: a kappa that is not
+    +inf is one with a correct digit, so none above 1e16 (a layer holding a singular head is
+    +inf, not sigma_max over a rounded sigma_min)."""
+    import glob
+
+    files = glob.glob(os.path.join(ROOT, "docs", "reproduction", "*.csv"))
+    assert files
+    for path in files:
+        _, rows = _csv(path)
+        for i, r in enumerate(rows):
+            for k, v in r.items():
+                if "kappa" not in k or v in ("", None):
+                    continue
+                try:
+                    x = float(v)
+                except ValueError:
+                    continue
+                assert not (math.isfinite(x) and x > 1e16), f"{os.path.basename(path)} row {i} {k} = {v}"
