@@ -20,6 +20,7 @@
 #include <spectral_cond/engine/device.hpp>
 #include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/number_text.hpp>
+#include <spectral_cond/engine/report_json.hpp>
 #include "analysis_cli.hpp"
 #include "commands.hpp"
 #include "progress.hpp"
@@ -118,9 +119,11 @@ void run_analyze(AnalyzeArgs& a, bool target_set, bool scale_set, bool placement
           a.checkpoints[i], o, [&](double f) { bar.update(f); }, &item));
       bar.done();
     }
-    const std::string json = reports_json(reps, o.shard_index, o.shard_count);
-    declined = declined_kappa_j(nlohmann::json::parse(json));
-    return a.format == "json" ? json : a.format == "csv" ? reports_csv(reps) : reports_table(reps);
+    const nlohmann::json doc = reports_document(reps, o.shard_index, o.shard_count);
+    declined = declined_kappa_j(doc);
+    return a.format == "json"  ? json_text(doc)
+           : a.format == "csv" ? reports_csv(reps)
+                               : reports_table(reps);
   };
   std::string text;
   if (dist) {

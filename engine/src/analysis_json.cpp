@@ -160,15 +160,20 @@ nlohmann::json checkpoint_json(const CheckpointReport& rep, bool shard_form = fa
 
 /// The whole JSON document for several checkpoints. With shard_count > 1 (--shard i/n) it
 /// carries "shard": {"index": i, "count": n} and the shard form of report_json.
-std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_t shard_index,
-                         std::uint64_t shard_count) {
+nlohmann::json reports_document(const std::vector<CheckpointReport>& reps,
+                                std::uint64_t shard_index, std::uint64_t shard_count) {
   nlohmann::json all = nlohmann::json::array();
   for (const auto& r : reps) all.push_back(checkpoint_json(r, shard_count > 1));
   nlohmann::json doc = {{"tool", "spectral-cond analyze"},
                         {"format_version", kAnalyzeFormatVersion},
                         {"checkpoints", all}};
   if (shard_count > 1) doc["shard"] = {{"index", shard_index}, {"count", shard_count}};
-  return json_text(doc);
+  return doc;
+}
+
+std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_t shard_index,
+                         std::uint64_t shard_count) {
+  return json_text(reports_document(reps, shard_index, shard_count));
 }
 
 std::vector<std::string> declined_kappa_j(const nlohmann::json& doc) {

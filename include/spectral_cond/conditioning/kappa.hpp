@@ -142,18 +142,15 @@ void certify_rank(ConditionResult<Scalar>& res, const Scalar& kept, const Scalar
       (!any_kept || kept > margin * res.rank_tol) && dropped * margin <= res.rank_tol;
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// `r`, computed on a matrix 2^k times the one asked about (an exact rescaling into range: of M
 /// in kappa, of J through (X 2^k, W 2^-k) in kappa_jacobian), made that matrix's: the singular
 /// values, the rank tolerance and the largest dropped singular value scaled by 2^-k (κ, κ₊, the
 /// rank gap and the stated accuracy are ratios, unchanged), and every number of the note that
 /// prints as one of them (ostream's default format, the one the methods write them in) replaced by
-/// its scaled value, so that the note and the fields agree.
+/// its scaled value, so that the note and the fields agree (MATH.md §12, "Scaling into range").
 template <typename Scalar>
 void scale_back(ConditionResult<Scalar>& r, int k) {
+  if (k == 0) return;
   std::vector<std::pair<std::string, std::string>> swap;
   for (Scalar* x : {&r.sigma_max, &r.sigma_min, &r.sigma_min_plus, &r.rank_tol, &r.sigma_dropped}) {
     if (!std::isfinite(*x) || *x == 0) continue;

@@ -22,6 +22,10 @@ inline constexpr int kAnalyzeFormatVersion = 2;
 std::string reports_json(const std::vector<CheckpointReport>& reps, std::uint64_t shard_index = 0,
                          std::uint64_t shard_count = 1);
 
+/// The same document, before it is written as text (for declined_kappa_j).
+nlohmann::json reports_document(const std::vector<CheckpointReport>& reps,
+                                std::uint64_t shard_index = 0, std::uint64_t shard_count = 1);
+
 /// The κ(J) answers of an `analyze` JSON document (reports_json, or shards merged) that were
 /// declined: `info` not_converging, inaccurate, too_large or invalid_input, or κ NaN; one line
 /// each, "<path> layer L head h[ (variant)]: <info>". analyze and merge write their report and
