@@ -27,6 +27,8 @@ EPOCH_COLUMNS = (
     "row_max_mean", "entropy_mean", "saturated_fraction", "ratio_QK_V_median",
     "collapsed_fraction", "train_seconds", "measure_seconds")
 
+TASK_ORDER = ("vision", "shapes", "language")
+
 HEAD_COLUMNS = (
     "task", "arm", "seed", "epoch", "layer", "head", "N", "D", "kappa_WQ", "kappa_WK", "kappa_WV",
     "kappa_J", "kappa_plus_J", "sigma_min_J", "sigma_max_J", "method", "accuracy", "info",
@@ -232,13 +234,13 @@ def paired_by_epoch(rows: List[dict], task: str, arm: str, baseline: str = "base
 
 
 def metric_of(task: str) -> str:
-    return "test_accuracy" if task == "vision" else "test_loss"
+    return "test_accuracy" if task in ("vision", "shapes") else "test_loss"
 
 
 def summary(rows: List[dict], arms: Sequence[str]) -> List[dict]:
     """Per task and arm, over seeds, at the last epoch of each run (and at epoch 0)."""
     out = []
-    for task in sorted({r["task"] for r in rows}, key=("vision", "language").index):
+    for task in sorted({r["task"] for r in rows}, key=TASK_ORDER.index):
         metric = metric_of(task)
         last: Dict[str, Dict[int, dict]] = {}
         first: Dict[str, Dict[int, dict]] = {}
@@ -299,7 +301,7 @@ def _g(x: float, digits: int = 3) -> str:
 def markdown_table(summ: List[dict]) -> str:
     """The results table (one per task), with the digits reproduction is promised to."""
     lines = []
-    for task in sorted({s["task"] for s in summ}, key=("vision", "language").index):
+    for task in sorted({s["task"] for s in summ}, key=TASK_ORDER.index):
         rows = [s for s in summ if s["task"] == task]
         metric = rows[0]["metric"]
         name = "test accuracy" if metric == "test_accuracy" else "validation loss (nats/char)"
@@ -336,7 +338,7 @@ def paired_table(rows: List[dict], arms: Sequence[str]) -> str:
     which every seed was better; and the head measurements whose bound was +inf (vacuous: it
     holds, and confirms nothing)."""
     lines = []
-    for task in [t for t in ("vision", "language") if any(r["task"] == t for r in rows)]:
+    for task in [t for t in TASK_ORDER if any(r["task"] == t for r in rows)]:
         metric = metric_of(task)
         lines += [f"**{task}** — paired by seed: Δ = arm − baseline, t-interval (95%), t and "
                   "two-sided p; learning curve = mean of the metric over epochs 1..E",
@@ -393,7 +395,7 @@ def plot(rows: List[dict], arms: Sequence[str], task: str, path: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = [("kappa_J_median", "κ(J), median over heads", True),
-              (metric_of(task), "test accuracy" if task == "vision" else "validation loss", False),
+              (metric_of(task), "test accuracy" if metric_of(task) == "test_accuracy" else "validation loss", False),
               ("train_loss", "training loss", task == "language"),
               ("kappa_WQ_median", "κ(W_Q) of the effective weight, median", True),
               ("saturated_fraction", "saturated rows (max P_ij > 1 - 1e-6)", False),
