@@ -13,7 +13,7 @@
 //   bench_kappa_jacobian [--seed S] [--write-npy DIR]   (DIR: X, W, J for bench/peers/numpy_svd.py)
 #include <spectral_cond/conditioning/kappa.hpp>
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "bench_common.hpp"

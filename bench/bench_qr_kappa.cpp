@@ -14,7 +14,7 @@
 #include <spectral_cond/conditioning/kappa.hpp>
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
 #include <spectral_cond/conditioning/methods/qr.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 
 #include "bench_common.hpp"

@@ -1,6 +1,6 @@
 // libFuzzer target: the GGUF parser (header, metadata, tensor infos), every metadata array's
 // elements, and the dequantization of every tensor of at most 64 KiB.
-#include <spectral_cond/io/gguf.hpp>
+#include <spectral_cond/io/formats/gguf.hpp>
 
 #include <cstddef>
 #include <cstdint>

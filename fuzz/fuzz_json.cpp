@@ -1,7 +1,7 @@
 // libFuzzer target: the strict JSON parser (include/spectral_cond/io/json.hpp) that reads
 // safetensors headers, sharded indexes and config.json, then the config reader on its result.
 #include <spectral_cond/io/json.hpp>
-#include <spectral_cond/io/layouts.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
-// libFuzzer target: parse_npy (include/spectral_cond/io/npy.hpp) on arbitrary bytes.
-#include <spectral_cond/io/npy.hpp>
+// libFuzzer target: parse_npy (include/spectral_cond/io/formats/npy.hpp) on arbitrary bytes.
+#include <spectral_cond/io/formats/npy.hpp>
 
 #include <cstddef>
 #include <cstdint>

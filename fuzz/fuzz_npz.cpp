@@ -1,5 +1,5 @@
 // libFuzzer target: the .npz zip parser and every member (inflate, CRC, parse_npy).
-#include <spectral_cond/io/npz.hpp>
+#include <spectral_cond/io/formats/npz.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // libFuzzer target: the PyTorch checkpoint reader (zip and legacy formats, the restricted
 // unpickler) and, for every tensor it accepts, the matrix and byte reads.
-#include <spectral_cond/io/pytorch.hpp>
+#include <spectral_cond/io/formats/pytorch.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // libFuzzer target: the safetensors header parser, then every tensor converted to doubles
 // through the same checked offsets a SafetensorsFile would use.
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <cstddef>
 #include <cstdint>

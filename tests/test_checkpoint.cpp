@@ -3,7 +3,7 @@
 // (tests/data/) and against .npy files written here.
 #include <doctest/doctest.h>
 #include <spectral_cond/io/checkpoint.hpp>
-#include <spectral_cond/io/npy_writer.hpp>
+#include <spectral_cond/io/formats/npy_writer.hpp>
 #include "support/temp_dir.hpp"
 
 #include <cmath>

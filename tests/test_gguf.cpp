@@ -6,8 +6,8 @@
 #include "support/test_helpers.hpp"
 
 #include <spectral_cond/io/checkpoint.hpp>
-#include <spectral_cond/io/gguf.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/gguf.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 
 #include <cmath>
 #include <cstdint>

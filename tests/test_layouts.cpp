@@ -1,5 +1,5 @@
 // Layout detection from tensor names (MATH.md §8), slot extraction/insertion and head counts.
-#include <spectral_cond/io/layouts.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
 
 #include <spectral_cond/engine/layout_wording.hpp>
 #include "support/test_helpers.hpp"

@@ -4,7 +4,7 @@
 #include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
-#include <spectral_cond/io/npz.hpp>
+#include <spectral_cond/io/formats/npz.hpp>
 
 #include <zlib.h>
 

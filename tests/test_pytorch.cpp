@@ -1,9 +1,9 @@
-// The PyTorch checkpoint reader (spectral_cond/io/pytorch.hpp): files torch.save wrote
+// The PyTorch checkpoint reader (spectral_cond/io/formats/pytorch.hpp): files torch.save wrote
 // (tests/data/pytorch/make_pytorch.py) against the float64 values numpy computed from the same
 // tensors, and hostile pickles built byte by byte here.
 #include <doctest/doctest.h>
 #include <spectral_cond/io/checkpoint.hpp>
-#include <spectral_cond/io/pytorch.hpp>
+#include <spectral_cond/io/formats/pytorch.hpp>
 #include "support/temp_dir.hpp"
 
 #include <cstdint>

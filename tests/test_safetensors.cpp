@@ -3,7 +3,7 @@
 #include "support/temp_dir.hpp"
 #include "support/test_helpers.hpp"
 
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -9,7 +9,7 @@
 // build without LAPACK, as the sanitizer build is), the sweep (every method on 96 instances) and
 // the validation tests; the Release suite runs all.
 #include <spectral_cond/conditioning/methods/kappa_jacobian.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 
 #include "support/dense_reference.hpp"
 #include "support/kappa_methods.hpp"

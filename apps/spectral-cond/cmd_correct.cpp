@@ -27,7 +27,7 @@
 
 #include <spectral_cond/conditioning/corrections.hpp>
 #include <spectral_cond/io/paths.hpp>
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <sys/stat.h>
 

@@ -21,7 +21,7 @@
 #include "progress.hpp"
 
 #include <spectral_cond/io/paths.hpp>
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 #include <spectral_cond/engine/synthetic.hpp>
 
 #include <Eigen/QR>

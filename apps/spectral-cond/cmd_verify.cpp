@@ -18,7 +18,7 @@
 #include <spectral_cond/engine/report_json.hpp>
 
 #include <spectral_cond/io/atomic_file.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/engine/verify_sweep.hpp>
 
 #include <sys/stat.h>

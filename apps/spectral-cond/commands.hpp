@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <spectral_cond/io/layouts.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
 
 #include <cstdint>
 #include <functional>

@@ -2,7 +2,7 @@
 // .npy files, timed as the best of `repeats` calls (the file reading is not timed), so that the
 // Python binding's overhead on the same call can be measured against it.
 //   kappa_jacobian_timing X.npy WQ.npy WK.npy WV.npy METHOD THREADS REPEATS
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/spectral_cond.hpp>
 
 #include <chrono>

@@ -4,7 +4,7 @@
 // (defaults, scale, mask, block, gram) and its output against the library itself.
 //
 //   sc_jacobian_reference X WQ WK WV SCALE|default none|causal all|q|k|v|x 0|1 OUT
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/jacobian/gram.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 

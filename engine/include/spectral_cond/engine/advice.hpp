@@ -5,7 +5,7 @@
 
 #include <spectral_cond/conditioning/advisor.hpp>
 #include <spectral_cond/core/random.hpp>
-#include <spectral_cond/io/layout_types.hpp>
+#include <spectral_cond/io/layouts/types.hpp>
 #include "analysis_types.hpp"
 #include "inputs.hpp"
 

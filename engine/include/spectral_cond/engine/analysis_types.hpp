@@ -8,7 +8,7 @@
 #include <spectral_cond/conditioning/methods/options.hpp>
 #include <spectral_cond/core/rope.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
-#include <spectral_cond/io/layouts.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
 #include "index_selection.hpp"
 
 #include <array>

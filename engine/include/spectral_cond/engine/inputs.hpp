@@ -10,7 +10,7 @@
 #include <spectral_cond/conditioning/methods/options.hpp>
 #include <spectral_cond/core/attention.hpp>
 #include <spectral_cond/core/common.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 
 #include <cstdlib>
 #include <stdexcept>

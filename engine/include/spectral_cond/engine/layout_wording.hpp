@@ -4,7 +4,7 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
-#include <spectral_cond/io/layout_types.hpp>
+#include <spectral_cond/io/layouts/types.hpp>
 
 #include <cstddef>
 #include <string>

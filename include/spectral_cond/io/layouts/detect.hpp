@@ -22,11 +22,11 @@
 // clang-format on
 #pragma once
 
-#include "spectral_cond/io/detail/layout_rules.hpp"
+#include "spectral_cond/io/layouts/detail/rules.hpp"
 #include "spectral_cond/io/error.hpp"
-#include "spectral_cond/io/heads.hpp"
-#include "spectral_cond/io/layer_map.hpp"
-#include "spectral_cond/io/layout_types.hpp"
+#include "spectral_cond/io/layouts/heads.hpp"
+#include "spectral_cond/io/layouts/layer_map.hpp"
+#include "spectral_cond/io/layouts/types.hpp"
 
 #include <algorithm>
 #include <set>

@@ -7,9 +7,9 @@
 
 #include "spectral_cond/core/rope.hpp"
 #include "spectral_cond/io/error.hpp"
-#include "spectral_cond/io/gguf.hpp"
+#include "spectral_cond/io/formats/gguf.hpp"
 #include "spectral_cond/io/json.hpp"
-#include "spectral_cond/io/layout_types.hpp"
+#include "spectral_cond/io/layouts/types.hpp"
 #include "spectral_cond/io/mapped_file.hpp"
 
 #include <nlohmann/json.hpp>

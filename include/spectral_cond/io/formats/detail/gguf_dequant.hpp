@@ -1,9 +1,9 @@
 // spectral_cond::io::detail: ggml's block formats decoded to double (F16, BF16 and the Q4_0 ...
 // Q8_K quantizations), each block's layout written out where it is decoded. Included by
-// io/gguf.hpp; do not include directly.
+// io/formats/gguf.hpp; do not include directly.
 #pragma once
 
-#include <spectral_cond/io/detail/gguf_parse.hpp>
+#include <spectral_cond/io/formats/detail/gguf_parse.hpp>
 #include <spectral_cond/io/float16.hpp>
 
 #include <cstdint>

@@ -445,4 +445,4 @@ inline NpyArray read_npy(const std::string& path) {
 }  // namespace spectral_cond::io
 
 // The writer (encode_npy, write_npy).
-#include "spectral_cond/io/npy_writer.hpp"
+#include "spectral_cond/io/formats/npy_writer.hpp"

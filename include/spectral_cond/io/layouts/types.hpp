@@ -1,4 +1,4 @@
-// spectral_cond::io: the types of layout detection (io/layouts.hpp): the layouts, where a
+// spectral_cond::io: the types of layout detection (io/layouts/detect.hpp): the layouts, where a
 // projection sits in a checkpoint tensor, one attention layer's tensors, and the extraction of
 // W from a tensor and its insertion back (MATH.md §8).
 #pragma once

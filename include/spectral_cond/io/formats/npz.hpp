@@ -14,7 +14,7 @@
 
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/mapped_file.hpp>
-#include <spectral_cond/io/npy.hpp>
+#include <spectral_cond/io/formats/npy.hpp>
 
 #include <zlib.h>
 

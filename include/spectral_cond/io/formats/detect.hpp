@@ -5,7 +5,7 @@
 
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/mapped_file.hpp>
-#include <spectral_cond/io/npz.hpp>
+#include <spectral_cond/io/formats/npz.hpp>
 #include <spectral_cond/io/paths.hpp>
 
 #include <cstdint>

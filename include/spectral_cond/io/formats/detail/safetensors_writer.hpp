@@ -2,7 +2,7 @@
 // safetensors.hpp; do not include directly.
 #pragma once
 
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <spectral_cond/io/atomic_file.hpp>
 

@@ -1,10 +1,10 @@
 // spectral_cond::io::detail: the built-in layouts as tensor-name patterns (NamePattern, no
 // regular expression), and the matching that turns names and shapes into attention layers.
-// Included by io/layouts.hpp; do not include directly.
+// Included by io/layouts/detect.hpp; do not include directly.
 #pragma once
 
-#include "spectral_cond/io/layer_map.hpp"
-#include "spectral_cond/io/layout_types.hpp"
+#include "spectral_cond/io/layouts/layer_map.hpp"
+#include "spectral_cond/io/layouts/types.hpp"
 
 #include <algorithm>
 #include <array>

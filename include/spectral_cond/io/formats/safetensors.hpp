@@ -192,7 +192,7 @@ inline std::uint64_t load_u64_le(const std::uint8_t* p) {
 }  // namespace io
 }  // namespace spectral_cond
 
-#include <spectral_cond/io/detail/safetensors_header.hpp>
+#include <spectral_cond/io/formats/detail/safetensors_header.hpp>
 
 namespace spectral_cond {
 namespace io {
@@ -423,5 +423,5 @@ class SafetensorsFile {
 }  // namespace io
 }  // namespace spectral_cond
 
-#include <spectral_cond/io/detail/safetensors_checkpoint.hpp>
-#include <spectral_cond/io/detail/safetensors_writer.hpp>
+#include <spectral_cond/io/formats/detail/safetensors_checkpoint.hpp>
+#include <spectral_cond/io/formats/detail/safetensors_writer.hpp>

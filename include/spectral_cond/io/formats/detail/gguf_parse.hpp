@@ -1,8 +1,8 @@
 // spectral_cond::io: the GGUF header parser (parse_gguf): a bounded little-endian cursor, the
-// metadata values, the tensor infos and the checks of their layout. Included by io/gguf.hpp.
+// metadata values, the tensor infos and the checks of their layout. Included by io/formats/gguf.hpp.
 #pragma once
 
-#include <spectral_cond/io/gguf_types.hpp>
+#include <spectral_cond/io/formats/gguf_types.hpp>
 
 namespace spectral_cond {
 namespace io {

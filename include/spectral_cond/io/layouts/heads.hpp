@@ -5,7 +5,7 @@
 
 #include "spectral_cond/io/error.hpp"
 #include "spectral_cond/io/json.hpp"
-#include "spectral_cond/io/layout_types.hpp"
+#include "spectral_cond/io/layouts/types.hpp"
 #include "spectral_cond/io/mapped_file.hpp"
 
 #include <nlohmann/json.hpp>

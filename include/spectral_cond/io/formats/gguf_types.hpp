@@ -1,4 +1,4 @@
-// spectral_cond::io: the types of a GGUF file (io/gguf.hpp): metadata value types and values,
+// spectral_cond::io: the types of a GGUF file (io/formats/gguf.hpp): metadata value types and values,
 // ggml tensor types and what the reader knows of each, tensor infos and the checked header.
 #pragma once
 

@@ -7,7 +7,7 @@
 //           number, protocol version, system info, the object, the storage keys), then each
 //           storage as an 8-byte element count followed by its bytes.
 //
-// The pickles are read by a restricted unpickler (PickleReader, io/detail/pickle.hpp) that only
+// The pickles are read by a restricted unpickler (PickleReader, io/formats/detail/pickle.hpp) that only
 // builds values: it knows
 // the containers (tuples, lists, dicts, OrderedDict), the tensor rebuild functions
 // (torch._utils._rebuild_tensor_v2, _rebuild_tensor, _rebuild_parameter,
@@ -21,13 +21,13 @@
 #pragma once
 
 #include <spectral_cond/core/common.hpp>
-#include <spectral_cond/io/detail/pickle.hpp>
+#include <spectral_cond/io/formats/detail/pickle.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/float16.hpp>
-#include <spectral_cond/io/layouts.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
 #include <spectral_cond/io/mapped_file.hpp>
-#include <spectral_cond/io/npz.hpp>
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/npz.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <spectral_cond/io/paths.hpp>
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <dirent.h>
 #include <sys/stat.h>

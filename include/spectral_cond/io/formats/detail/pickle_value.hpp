@@ -4,7 +4,7 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
-#include <spectral_cond/io/safetensors.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <cstdint>
 #include <map>
