@@ -133,6 +133,9 @@ def write_atomic(path: str, text_or_writer) -> None:
 
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-",
                                suffix=os.path.splitext(path)[1])
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make every output private
     try:
         if callable(text_or_writer):
             os.close(fd)

@@ -15,8 +15,9 @@ validation metric. Phase 2: every arm at its learning rate, seeds 0..n-1 (SEEDS)
 split, measuring every head every epoch. Each run is kept under --out/runs/ as it finishes, so
 an interrupted run resumes where it stopped; results do not depend on --jobs.
 
-Writes into --out: lr_choice.csv, tuning.csv, epochs.csv, results.md, summary.json and one
-<task>.png per task.
+Writes into --out: lr_choice.csv, tuning.csv, epochs.csv, results.md, summary.json, two plots
+per task (<task>-lambda.png: the lambda sweep of the fused reading; <task>-readings.png: every
+reading at lambda = 10, the exact and the advised arms) and escape.png.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def _parse(argv):
                    + ", ".join(TASKS))
     p.add_argument("--arms", default=",".join(ARMS2), help="comma-separated, of: "
                    + ", ".join(ARMS2))
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per task (default: vision 10, shapes 10, language 5; quick 1)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the first seed (default 0): a rerun with other seeds starts elsewhere")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="parallel single-threaded runs (default min(2, cores))")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -114,6 +119,11 @@ def _parse(argv):
         p.error("--arms: the baseline is needed for the differences")
     if a.jobs < 1:
         p.error("--jobs: expected at least 1")
+    if a.seeds is not None and a.seeds < 1:
+        p.error("--seeds: expected at least 1")
+    if a.first_seed < 0 or a.first_seed + (a.seeds or 10) > TUNE_SEED:
+        p.error(f"--first-seed: expected 0 to {TUNE_SEED - (a.seeds or 10)} (the tuning seed "
+                f"{TUNE_SEED} is not an evaluation seed)")
     if a.out is None:
         a.out = os.path.join(HERE, "out-round2-quick" if a.quick else "out-round2")
     if os.path.exists(a.out) and not os.path.isdir(a.out):
@@ -145,7 +155,7 @@ def main(argv=None) -> int:
     runs = os.path.join(a.out, "runs")
     os.makedirs(runs, exist_ok=True)
     start = time.perf_counter()
-    seeds = {t: 1 if a.quick else SEEDS[t] for t in a.tasks}
+    seeds = {t: a.seeds or (1 if a.quick else SEEDS[t]) for t in a.tasks}
     grid = {t: TUNE_LRS[t][:2] if a.quick else TUNE_LRS[t] for t in a.tasks}
     tuned_arms = [x for x in a.arms if not ARMS2[x].escape]
 
@@ -154,7 +164,7 @@ def main(argv=None) -> int:
              os.path.join(runs, _key("tune", t, x, TUNE_SEED, lr) + ".json"))
             for t in a.tasks for x in tuned_arms for lr in grid[t]]
     _execute(tune, a, "tuning", start)
-    tuning_rows, choice = [], {}
+    tuning_rows, choice, task_seconds = [], {}, {}
     for t in a.tasks:
         m = report.metric_of(t)
         better = max if m == "test_accuracy" else min
@@ -166,6 +176,7 @@ def main(argv=None) -> int:
                 v = last[m] if not r["diverged"] else (-math.inf if m == "test_accuracy"
                                                          else math.inf)
                 scores[lr] = v
+                task_seconds[t] = task_seconds.get(t, 0.0) + r["wall_seconds"]
                 tuning_rows.append(dict(task=t, arm=x, lr=lr, seed=TUNE_SEED,
                                         epochs=last["epoch"], valid_metric=m.replace("test", "valid"),
                                         valid_value=v, diverged=r["diverged"],
@@ -186,13 +197,15 @@ def main(argv=None) -> int:
     # Phase 2: every arm at its learning rate, on the test split, measured every epoch.
     main_jobs = [("main", t, x, s, choice[(t, x)], a.quick,
                   os.path.join(runs, _key("main", t, x, s, choice[(t, x)]) + ".json"))
-                 for t in a.tasks for x in a.arms for s in range(seeds[t])]
+                 for t in a.tasks for x in a.arms
+                 for s in range(a.first_seed, a.first_seed + seeds[t])]
     _execute(main_jobs, a, "runs", start)
     rows, walls, advice, diverged = [], {}, [], []
     for j in main_jobs:
         r = _load(j[-1])
         rows += r["rows"]
         walls.setdefault((j[1], j[2]), []).append(r["wall_seconds"])
+        task_seconds[j[1]] = task_seconds.get(j[1], 0.0) + r["wall_seconds"]
         if r.get("advice"):
             advice.append(dict(task=j[1], seed=j[3], **r["advice"]))
         if r["diverged"]:
@@ -200,9 +213,20 @@ def main(argv=None) -> int:
     report.write_csv(os.path.join(a.out, "epochs.csv"), rows, EPOCH_COLUMNS)
     text = stats2.results_markdown(rows, a.arms, choice, advice, walls)
     report.write_atomic(os.path.join(a.out, "results.md"), text)
+    # Two figures per task (fifteen arms do not read in one): the lambda sweep of the fused
+    # reading, and every reading at lambda = 10 with the exact and advised arms; and the escape
+    # arm's movement and saturation.
+    sweep = [x for x in a.arms if x == "baseline" or (ARMS2[x].method == "lambda"
+                                                      and ARMS2[x].placement == "fused"
+                                                      and not ARMS2[x].escape)]
+    readings = [x for x in a.arms if x not in sweep or x in ("baseline", "lambda10_fused")]
+    readings = [x for x in readings if not ARMS2[x].escape]
     for t in a.tasks:
-        report.plot(rows, [x for x in a.arms if not ARMS2[x].escape], t,
-                    os.path.join(a.out, f"{t}.png"))
+        report.plot(rows, sweep, t, os.path.join(a.out, f"{t}-lambda.png"))
+        report.plot(rows, readings, t, os.path.join(a.out, f"{t}-readings.png"))
+    if any(ARMS2[x].escape for x in a.arms):
+        stats2.plot_escape(rows, [x for x in a.arms if ARMS2[x].escape], a.tasks,
+                           os.path.join(a.out, "escape.png"))
     wall = time.perf_counter() - start
     import numpy
     import torch
@@ -211,7 +235,8 @@ def main(argv=None) -> int:
 
     meta = dict(
         command="experiments/round2.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        quick=a.quick, seeds={t: list(range(n)) for t, n in seeds.items()},
+        quick=a.quick,
+        seeds={t: list(range(a.first_seed, a.first_seed + n)) for t, n in seeds.items()},
         arms={x: ARMS2[x].__dict__ for x in a.arms},
         tasks={t: task_config(t, a.quick).__dict__ for t in a.tasks},
         tune_lrs=grid, tune_seed=TUNE_SEED, escape_lr=ESCAPE_LR,
@@ -219,6 +244,9 @@ def main(argv=None) -> int:
         advice=advice, diverged=diverged,
         seconds_per_run={f"{t} {x}": sum(v) / len(v) for (t, x), v in walls.items()},
         wall_seconds_this_invocation=wall, jobs=a.jobs, threads_per_run=1,
+        # Every kept run's own wall time (tuning and evaluation), summed per task: over --jobs,
+        # about the task's share of the wall time of an uninterrupted run.
+        run_seconds_per_task=task_seconds,
         versions=dict(python=platform.python_version(), torch=torch.__version__,
                       numpy=numpy.__version__, spectral_cond=spectral_cond.__version__),
         machine=dict(cores=os.cpu_count(), platform=platform.platform()),

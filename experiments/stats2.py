@@ -159,7 +159,7 @@ def results_markdown(rows, arms, choice, advice, walls) -> str:
                   "| arm | lr | seeds | final | Δ final [95% CI] | p, p_H | better/tied/worse | "
                   "Δ curve [95% CI] | p, p_H | speed (never) | κ(J) init → final | "
                   "κ(J) layer final | saturated init → final | ‖J_QK‖/‖J_V‖ init → final | "
-                  "vacuous bounds | s/epoch |",
+                  "vacuous bounds (heads in epoch rows) | s/epoch |",
                   "|" + "---|" * 16]
         for s in sts:
             f, c = s.get("final"), s.get("curve")
@@ -171,7 +171,7 @@ def results_markdown(rows, arms, choice, advice, walls) -> str:
                 f"{g(s['kappa_J_init'])} → {g(s['kappa_J_final'])} | "
                 f"{g(s['kappa_J_layer_final'])} | {s['saturated_init']:.2f} → "
                 f"{s['saturated_final']:.2f} | {g(s['ratio_QK_V_init'])} → "
-                f"{g(s['ratio_QK_V_final'])} | {s['vacuous']} of {s['rows']} rows | "
+                f"{g(s['ratio_QK_V_final'])} | {s['vacuous']} in {s['rows']} | "
                 f"{s['train_seconds_per_epoch']:.2f} |")
         lines.append("")
         esc = [s for s in sts if s["arm"].startswith("escape")]
@@ -205,3 +205,80 @@ def results_markdown(rows, arms, choice, advice, walls) -> str:
 def summary_tree(rows, arms) -> dict:
     return {t: arm_stats(rows, t, arms) for t in report.TASK_ORDER
             if any(r["task"] == t for r in rows)}
+
+
+def plot_escape(rows, arms, tasks, path) -> None:
+    """The escape arms against epoch, one column per task: how far the trained W has moved and
+    its size (spectral norm, max over layers) against lambda = 10, and the fraction of saturated
+    rows; median over seeds, range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
+    for col, task in enumerate(tasks):
+        for i, arm in enumerate(arms):
+            runs = _by_seed(rows, task, arm)
+            if not runs:
+                continue
+            epochs = sorted({int(r["epoch"]) for v in runs.values() for r in v})
+            for row, (keys, title) in enumerate(
+                    [(("W_move", "W_norm"), "‖W_t − W_0‖₂ (solid), ‖W_t‖₂ (dashed); λ = 10"),
+                     (("saturated_fraction",), "saturated rows")]):
+                ax = axes[row][col]
+                for key, style in zip(keys, ("-", "--")):
+                    med, lo, hi = [], [], []
+                    for e in epochs:
+                        v = np.array([float(r[key]) for s in runs.values() for r in s
+                                      if int(r["epoch"]) == e], float)
+                        v = v[np.isfinite(v)]
+                        med.append(np.median(v) if len(v) else np.nan)
+                        lo.append(v.min() if len(v) else np.nan)
+                        hi.append(v.max() if len(v) else np.nan)
+                    ax.plot(epochs, med, style, color=f"C{i}", label=f"{arm} {key}")
+                    ax.fill_between(epochs, lo, hi, color=f"C{i}", alpha=0.15)
+                if row == 0:
+                    ax.axhline(10.0, color="k", lw=0.8, ls=":")
+                else:
+                    ax.set_ylim(0, 1.02)
+                ax.set_title(f"{task}: {title}", fontsize=9)
+                ax.set_xlabel("epoch")
+                ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        report.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def direction_check(rows: List[dict], other: List[dict], arms: Sequence[str],
+                    level: float = 0.05) -> str:
+    """Every claim of significance in `rows` (an arm whose final or learning-curve difference to
+    the baseline has Holm-corrected p below `level`) against a rerun with other seeds (`other`):
+    does the rerun's mean paired difference have the same sign? A markdown table and a count."""
+    lines = ["| task | arm | measure | Δ (seeds of the run) | p_H | Δ (other seeds) | other seeds "
+             "| same direction |", "|---|---|---|---|---|---|---|---|"]
+    agree = total = 0
+    for task in [t for t in report.TASK_ORDER if any(r["task"] == t for r in rows)]:
+        mine = {s["arm"]: s for s in arm_stats(rows, task, arms)}
+        theirs = {s["arm"]: s for s in arm_stats(other, task, arms)}
+        for arm, s in mine.items():
+            for key, name in (("final", "final"), ("curve", "learning curve")):
+                x = s.get(key)
+                if x is None or not (x.get("p_holm", 1.0) < level):
+                    continue
+                y = theirs.get(arm, {}).get(key)
+                if y is None:
+                    lines.append(f"| {task} | {arm} | {name} | {x['diff']:+.4f} | "
+                                 f"{x['p_holm']:.2g} | not rerun | – | – |")
+                    continue
+                same = (x["diff"] > 0) == (y["diff"] > 0) and y["diff"] != 0
+                total += 1
+                agree += same
+                lines.append(f"| {task} | {arm} | {name} | {x['diff']:+.4f} | {x['p_holm']:.2g} | "
+                             f"{y['diff']:+.4f} | {y['n']} | {'yes' if same else '**no**'} |")
+    lines.append("")
+    lines.append(f"{agree} of {total} rerun claims agree in direction.")
+    return "\n".join(lines) + "\n"

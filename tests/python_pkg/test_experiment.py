@@ -223,7 +223,7 @@ def test_no_finite_kappa_above_1e16_in_the_committed_tables():
     +inf, not sigma_max over a rounded sigma_min)."""
     import glob
 
-    files = glob.glob(os.path.join(ROOT, "docs", "reproduction", "*.csv"))
+    files = glob.glob(os.path.join(ROOT, "docs", "reproduction", "**", "*.csv"), recursive=True)
     assert files
     for path in files:
         _, rows = _csv(path)

@@ -163,3 +163,69 @@ def test_bad_arguments_are_refused(tmp_path):
         p = subprocess.run([sys.executable, ROUND2, "--out", str(tmp_path / "o"), *args],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+def _cell(v):
+    if v == "":
+        return math.nan
+    if v in ("true", "false"):
+        return v == "true"
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def test_the_committed_tables_are_recomputed_from_the_committed_runs():
+    """docs/reproduction/round2/results.md is what stats2 computes from the committed
+    epochs.csv (and the advisor's choices in summary.json), and docs/reproduction.md quotes
+    its every table row."""
+    import json
+
+    base = os.path.join(ROOT, "docs", "reproduction", "round2")
+    rows = [{k: _cell(v) for k, v in r.items()} for r in _csv(os.path.join(base, "epochs.csv"))]
+    with open(os.path.join(base, "summary.json")) as f:
+        meta = json.load(f)
+    choice = {(c["task"], c["arm"]): c["lr"] for c in meta["lr_choice"]}
+    text = stats2.results_markdown(rows, list(meta["arms"]), choice, meta["advice"], {})
+    with open(os.path.join(base, "results.md")) as f:
+        committed = f.read()
+    assert text == committed
+    with open(os.path.join(ROOT, "docs", "reproduction.md")) as f:
+        doc = f.read()
+    table_rows = [ln for ln in committed.splitlines() if ln.startswith("| ")]
+    assert len(table_rows) > 40
+    for ln in table_rows:
+        assert ln in doc, ln
+    # Every lr in the runs is the committed choice, and the choice is the best of tuning.csv.
+    for r in rows:
+        assert r["lr"] == choice[(r["task"], r["arm"])]
+    tuning = _csv(os.path.join(base, "tuning.csv"))
+    for (task, arm), lr in choice.items():
+        rs = [t for t in tuning if t["task"] == task and t["arm"] == arm]
+        if not rs:
+            assert arm.startswith("escape") and lr == ESCAPE_LR
+            continue
+        vals = {float(t["lr"]): float(t["valid_value"]) for t in rs}
+        best = (max if task != "language" else min)(vals.values())
+        assert lr == min(x for x, v in vals.items() if v == best), (task, arm)
+
+
+def test_the_rerun_with_other_seeds_is_recomputed_and_agrees():
+    """rerun-other-seeds.md is what stats2.direction_check computes from the two committed
+    CSVs, and every claim it could rerun agrees in direction (the document says so)."""
+    import rerun_check
+    from train import ARMS2
+
+    base = os.path.join(ROOT, "docs", "reproduction", "round2")
+    rows = rerun_check.read_rows(os.path.join(base, "epochs.csv"))
+    other = rerun_check.read_rows(os.path.join(base, "epochs-other-seeds.csv"))
+    assert {int(r["seed"]) for r in other}.isdisjoint({int(r["seed"]) for r in rows})
+    text = stats2.direction_check(rows, other, list(ARMS2))
+    with open(os.path.join(base, "rerun-other-seeds.md")) as f:
+        assert f.read() == text
+    with open(os.path.join(ROOT, "docs", "reproduction.md")) as f:
+        doc = " ".join(f.read().split())
+    agree, total = (int(x) for x in
+                    __import__("re").search(r"(\d+) of (\d+) rerun claims agree", text).groups())
+    assert f"{agree} of {total} rerun claims agree in direction" in doc
