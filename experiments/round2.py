@@ -211,7 +211,7 @@ def main(argv=None) -> int:
         if r["diverged"]:
             diverged.append([j[1], j[2], j[3]])
     report.write_csv(os.path.join(a.out, "epochs.csv"), rows, EPOCH_COLUMNS)
-    text = stats2.results_markdown(rows, a.arms, choice, advice, walls)
+    text = stats2.results_markdown(rows, a.arms, advice)
     report.write_atomic(os.path.join(a.out, "results.md"), text)
     # Two figures per task (fifteen arms do not read in one): the lambda sweep of the fused
     # reading, and every reading at lambda = 10 with the exact and advised arms; and the escape

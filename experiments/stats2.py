@@ -141,7 +141,7 @@ def _p(x, key="p"):
     return f"{x[key]:.2g}"
 
 
-def results_markdown(rows, arms, choice, advice, walls) -> str:
+def results_markdown(rows, arms, advice) -> str:
     g = report._g
     lines = ["# Round two: every reading of λ I, learning rates tuned per arm", ""]
     for task in [t for t in report.TASK_ORDER if any(r["task"] == t for r in rows)]:

@@ -1,5 +1,5 @@
-// libFuzzer target: layout detection (include/spectral_cond/io/layouts/detect.hpp) on arbitrary tensor
-// names and shapes, then the head resolution, checking that every slot (strided ones of
+// libFuzzer target: layout detection (include/spectral_cond/io/layouts/detect.hpp) on arbitrary
+// tensor names and shapes, then the head resolution, checking that every slot (strided ones of
 // GPT-NeoX / Falcon included) lies inside its tensor.
 // Input: lines "name<TAB>d0,d1,...", then an optional last line "heads,kv_heads".
 #include <spectral_cond/io/layouts/detect.hpp>

@@ -1,10 +1,10 @@
-// What a checkpoint says beyond W_Q, W_K, W_V (spectral_cond/io/layouts/attention_config.hpp, MATH.md
-// §10): bias names and slices, CheckpointReader::vector, and RoPE from config.json and GGUF
+// What a checkpoint says beyond W_Q, W_K, W_V (spectral_cond/io/layouts/attention_config.hpp,
+// MATH.md §10): bias names and slices, CheckpointReader::vector, and RoPE from config.json and GGUF
 // metadata, with every refusal.
 #include <doctest/doctest.h>
-#include <spectral_cond/io/layouts/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/formats/detail/safetensors_writer.hpp>
+#include <spectral_cond/io/layouts/attention_config.hpp>
 #include "support/gguf_bytes.hpp"
 #include "support/temp_dir.hpp"
 

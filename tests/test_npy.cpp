@@ -1,5 +1,6 @@
-// The .npy reader and writer (spectral_cond/io/formats/npy.hpp) and atomic writes (atomic_file.hpp):
-// round trips, hand-written files of every supported kind, and every malformed case.
+// The .npy reader and writer (spectral_cond/io/formats/npy.hpp) and atomic writes
+// (atomic_file.hpp): round trips, hand-written files of every supported kind, and every malformed
+// case.
 #include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/jacobian/jacobian.hpp>
 

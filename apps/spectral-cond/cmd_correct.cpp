@@ -26,8 +26,8 @@
 #include "progress.hpp"
 
 #include <spectral_cond/conditioning/corrections.hpp>
-#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/formats/safetensors.hpp>
+#include <spectral_cond/io/paths.hpp>
 
 #include <sys/stat.h>
 

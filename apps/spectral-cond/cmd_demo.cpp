@@ -20,9 +20,9 @@
 #include "commands.hpp"
 #include "progress.hpp"
 
-#include <spectral_cond/io/paths.hpp>
-#include <spectral_cond/io/formats/safetensors.hpp>
 #include <spectral_cond/engine/synthetic.hpp>
+#include <spectral_cond/io/formats/safetensors.hpp>
+#include <spectral_cond/io/paths.hpp>
 
 #include <Eigen/QR>
 

@@ -10,16 +10,16 @@
 // classified real, artefact (float64 rounding) or unresolved; a proven statement's float64
 // failure overturned there is an artefact, not a bug. The JSON keys are documented in
 // docs/cli.md.
-#include <spectral_cond/engine/inputs.hpp>
-#include "commands.hpp"
 #include <spectral_cond/engine/extended_rechecks.hpp>
+#include <spectral_cond/engine/inputs.hpp>
 #include <spectral_cond/engine/number_text.hpp>
-#include "progress.hpp"
 #include <spectral_cond/engine/report_json.hpp>
+#include "commands.hpp"
+#include "progress.hpp"
 
+#include <spectral_cond/engine/verify_sweep.hpp>
 #include <spectral_cond/io/atomic_file.hpp>
 #include <spectral_cond/io/formats/npy.hpp>
-#include <spectral_cond/engine/verify_sweep.hpp>
 
 #include <sys/stat.h>
 
@@ -279,8 +279,8 @@ void run_verify(const VerifyArgs& a) {
                      io::file_kind(st.st_mode) + " (nothing is written over it)");
     // Checked before the sweep, not after it: the directory (made now if absent, in a parent
     // that exists) must take new files.
-    const std::string where = ::lstat(a.dump.c_str(), &st) == 0 ? a.dump
-                                                                 : io::parent_directory(a.dump);
+    const std::string where =
+        ::lstat(a.dump.c_str(), &st) == 0 ? a.dump : io::parent_directory(a.dump);
     if (::access(where.empty() ? "." : where.c_str(), W_OK | X_OK) != 0)
       throw BadInput(a.dump + ": --dump: cannot write in " + (where.empty() ? "." : where) + ": " +
                      std::strerror(errno) + " (checked before the sweep)");

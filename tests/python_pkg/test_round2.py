@@ -165,29 +165,20 @@ def test_bad_arguments_are_refused(tmp_path):
         assert p.returncode == 2 and msg in p.stderr, p.stderr
 
 
-def _cell(v):
-    if v == "":
-        return math.nan
-    if v in ("true", "false"):
-        return v == "true"
-    try:
-        return float(v)
-    except ValueError:
-        return v
-
-
 def test_the_committed_tables_are_recomputed_from_the_committed_runs():
     """docs/reproduction/round2/results.md is what stats2 computes from the committed
     epochs.csv (and the advisor's choices in summary.json), and docs/reproduction.md quotes
     its every table row."""
     import json
 
+    import rerun_check
+
     base = os.path.join(ROOT, "docs", "reproduction", "round2")
-    rows = [{k: _cell(v) for k, v in r.items()} for r in _csv(os.path.join(base, "epochs.csv"))]
+    rows = rerun_check.read_rows(os.path.join(base, "epochs.csv"))
     with open(os.path.join(base, "summary.json")) as f:
         meta = json.load(f)
     choice = {(c["task"], c["arm"]): c["lr"] for c in meta["lr_choice"]}
-    text = stats2.results_markdown(rows, list(meta["arms"]), choice, meta["advice"], {})
+    text = stats2.results_markdown(rows, list(meta["arms"]), meta["advice"])
     with open(os.path.join(base, "results.md")) as f:
         committed = f.read()
     assert text == committed

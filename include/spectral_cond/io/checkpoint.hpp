@@ -5,14 +5,14 @@
 //   npz          a NumPy .npz archive (numpy.savez or savez_compressed); array name = tensor name.
 //   npy-dir      a directory of .npy files; file name without ".npy" = tensor name.
 //   pytorch      a torch.save checkpoint (.bin, .pt, .pth; zip or legacy format), read by a
-//                restricted unpickler that never runs code (io/formats/pytorch.hpp), or a sharded one
-//                (pytorch_model.bin.index.json), its shards opened on first use and checked
+//                restricted unpickler that never runs code (io/formats/pytorch.hpp), or a sharded
+//                one (pytorch_model.bin.index.json), its shards opened on first use and checked
 //                against the index both ways, as for safetensors.
 //   gguf         a llama.cpp GGUF file (io/formats/gguf.hpp), quantized tensors dequantized; for
 //                architecture "llama" the converter's Q/K row permutation is undone.
 //
-// A file's format is found from its first bytes, never from its name alone (io/formats/detect.hpp); a
-// directory is searched for safetensors, then pytorch_model.bin (or exactly one .bin/.pt/.pth),
+// A file's format is found from its first bytes, never from its name alone (io/formats/detect.hpp);
+// a directory is searched for safetensors, then pytorch_model.bin (or exactly one .bin/.pt/.pth),
 // then exactly one .gguf, then exactly one .npz, then .npy files.
 //
 // A reader lists every tensor's name, and the shape and dtype of those that layout detection may
@@ -24,12 +24,12 @@
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/formats/detect.hpp>
 #include <spectral_cond/io/formats/gguf.hpp>
-#include <spectral_cond/io/layouts/detect.hpp>
 #include <spectral_cond/io/formats/npy.hpp>
 #include <spectral_cond/io/formats/npz.hpp>
-#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/formats/pytorch.hpp>
 #include <spectral_cond/io/formats/safetensors.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
+#include <spectral_cond/io/paths.hpp>
 
 #include <dirent.h>
 #include <sys/stat.h>

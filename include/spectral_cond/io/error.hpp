@@ -84,11 +84,11 @@ inline const char* to_string(LayoutProblem p) {
   return "unknown";
 }
 
-/// Where W_Q, W_K and W_V are could not be decided (io/layouts/detect.hpp, layer_map.hpp, heads.hpp).
-/// A structured IoError: `problem` says what went wrong, the other fields what it concerns (see
-/// LayoutProblem for which are set), so that a front end can word it in its own terms. what() is
-/// the library's own one-line message, which names no command-line flag or parameter: "layer
-/// map" for a user's own layout, "layout <name>" for a built-in one.
+/// Where W_Q, W_K and W_V are could not be decided (io/layouts/detect.hpp, layer_map.hpp,
+/// heads.hpp). A structured IoError: `problem` says what went wrong, the other fields what it
+/// concerns (see LayoutProblem for which are set), so that a front end can word it in its own
+/// terms. what() is the library's own one-line message, which names no command-line flag or
+/// parameter: "layer map" for a user's own layout, "layout <name>" for a built-in one.
 struct LayoutError : IoError {
   LayoutProblem problem;
   std::string file;                ///< the checkpoint concerned; empty when none is

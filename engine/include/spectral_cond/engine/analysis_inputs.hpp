@@ -5,10 +5,10 @@
 #include "analysis_types.hpp"
 #include "inputs.hpp"
 
-#include <spectral_cond/io/layouts/attention_config.hpp>
 #include <spectral_cond/io/checkpoint.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/files.hpp>
+#include <spectral_cond/io/layouts/attention_config.hpp>
 #include <spectral_cond/io/paths.hpp>
 
 #include <sys/stat.h>

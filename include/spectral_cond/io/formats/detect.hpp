@@ -4,8 +4,8 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
-#include <spectral_cond/io/mapped_file.hpp>
 #include <spectral_cond/io/formats/npz.hpp>
+#include <spectral_cond/io/mapped_file.hpp>
 #include <spectral_cond/io/paths.hpp>
 
 #include <cstdint>

@@ -25,10 +25,10 @@
 #pragma once
 
 #include <spectral_cond/core/common.hpp>
-#include <spectral_cond/io/formats/detail/gguf_dequant.hpp>
-#include <spectral_cond/io/formats/detail/gguf_parse.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/float16.hpp>
+#include <spectral_cond/io/formats/detail/gguf_dequant.hpp>
+#include <spectral_cond/io/formats/detail/gguf_parse.hpp>
 #include <spectral_cond/io/formats/gguf_types.hpp>
 #include <spectral_cond/io/mapped_file.hpp>
 

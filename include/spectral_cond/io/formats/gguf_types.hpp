@@ -1,5 +1,5 @@
-// spectral_cond::io: the types of a GGUF file (io/formats/gguf.hpp): metadata value types and values,
-// ggml tensor types and what the reader knows of each, tensor infos and the checked header.
+// spectral_cond::io: the types of a GGUF file (io/formats/gguf.hpp): metadata value types and
+// values, ggml tensor types and what the reader knows of each, tensor infos and the checked header.
 #pragma once
 
 #include <spectral_cond/core/common.hpp>

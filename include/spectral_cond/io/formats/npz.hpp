@@ -13,8 +13,8 @@
 #pragma once
 
 #include <spectral_cond/io/error.hpp>
-#include <spectral_cond/io/mapped_file.hpp>
 #include <spectral_cond/io/formats/npy.hpp>
+#include <spectral_cond/io/mapped_file.hpp>
 
 #include <zlib.h>
 

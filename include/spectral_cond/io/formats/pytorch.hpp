@@ -7,10 +7,9 @@
 //           number, protocol version, system info, the object, the storage keys), then each
 //           storage as an 8-byte element count followed by its bytes.
 //
-// The pickles are read by a restricted unpickler (PickleReader, io/formats/detail/pickle.hpp) that only
-// builds values: it knows
-// the containers (tuples, lists, dicts, OrderedDict), the tensor rebuild functions
-// (torch._utils._rebuild_tensor_v2, _rebuild_tensor, _rebuild_parameter,
+// The pickles are read by a restricted unpickler (PickleReader, io/formats/detail/pickle.hpp) that
+// only builds values: it knows the containers (tuples, lists, dicts, OrderedDict), the tensor
+// rebuild functions (torch._utils._rebuild_tensor_v2, _rebuild_tensor, _rebuild_parameter,
 // _rebuild_parameter_with_state, torch._tensor._rebuild_from_type_v2) and the typed storages
 // (torch.FloatStorage, ...). Any other global becomes an opaque value that is never called; an
 // unknown torch rebuild function (quantized, sparse, ...) is an error naming it. No code of the
@@ -21,13 +20,13 @@
 #pragma once
 
 #include <spectral_cond/core/common.hpp>
-#include <spectral_cond/io/formats/detail/pickle.hpp>
 #include <spectral_cond/io/error.hpp>
 #include <spectral_cond/io/float16.hpp>
-#include <spectral_cond/io/layouts/detect.hpp>
-#include <spectral_cond/io/mapped_file.hpp>
+#include <spectral_cond/io/formats/detail/pickle.hpp>
 #include <spectral_cond/io/formats/npz.hpp>
 #include <spectral_cond/io/formats/safetensors.hpp>
+#include <spectral_cond/io/layouts/detect.hpp>
+#include <spectral_cond/io/mapped_file.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -127,7 +127,8 @@ inline RopeConfig rope_config_from_json(const nlohmann::json& j, const std::stri
       for (const auto& [k, v] : it->items()) {
         if (!v.is_object())
           throw IoError(path + ": \"rope_parameters\"." + k + " must be an object");
-        if (first == nullptr) first = &v;
+        if (first == nullptr)
+          first = &v;
         else if (v != *first)
           params_refusal = path + ": rope_parameters differ between layer types (" +
                            it->begin().key() + ", " + k + "); per-layer RoPE is not modelled";

@@ -22,8 +22,8 @@
 // clang-format on
 #pragma once
 
-#include "spectral_cond/io/layouts/detail/rules.hpp"
 #include "spectral_cond/io/error.hpp"
+#include "spectral_cond/io/layouts/detail/rules.hpp"
 #include "spectral_cond/io/layouts/heads.hpp"
 #include "spectral_cond/io/layouts/layer_map.hpp"
 #include "spectral_cond/io/layouts/types.hpp"

@@ -3,8 +3,8 @@
 // io/formats/gguf.hpp; do not include directly.
 #pragma once
 
-#include <spectral_cond/io/formats/detail/gguf_parse.hpp>
 #include <spectral_cond/io/float16.hpp>
+#include <spectral_cond/io/formats/detail/gguf_parse.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -1,5 +1,6 @@
 // spectral_cond::io: the GGUF header parser (parse_gguf): a bounded little-endian cursor, the
-// metadata values, the tensor infos and the checks of their layout. Included by io/formats/gguf.hpp.
+// metadata values, the tensor infos and the checks of their layout. Included by
+// io/formats/gguf.hpp.
 #pragma once
 
 #include <spectral_cond/io/formats/gguf_types.hpp>

@@ -1,10 +1,10 @@
-// spectral_cond::io::detail: PickleReader, the restricted unpickler of io/formats/pytorch.hpp (see its
-// top): it builds values only, never calls a global, and bounds every count and length.
+// spectral_cond::io::detail: PickleReader, the restricted unpickler of io/formats/pytorch.hpp (see
+// its top): it builds values only, never calls a global, and bounds every count and length.
 // Included by io/formats/pytorch.hpp; do not include directly.
 #pragma once
 
-#include <spectral_cond/io/formats/detail/pickle_value.hpp>
 #include <spectral_cond/io/error.hpp>
+#include <spectral_cond/io/formats/detail/pickle_value.hpp>
 #include <spectral_cond/io/formats/safetensors.hpp>
 
 #include <algorithm>

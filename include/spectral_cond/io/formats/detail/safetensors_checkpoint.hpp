@@ -2,8 +2,8 @@
 // checkpoint (model.safetensors.index.json). Included by safetensors.hpp; do not include directly.
 #pragma once
 
-#include <spectral_cond/io/paths.hpp>
 #include <spectral_cond/io/formats/safetensors.hpp>
+#include <spectral_cond/io/paths.hpp>
 
 #include <dirent.h>
 #include <sys/stat.h>

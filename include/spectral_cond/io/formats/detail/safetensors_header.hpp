@@ -1,6 +1,7 @@
 // spectral_cond::io::detail: the safetensors header as a SAX pass (nlohmann::json::sax_parse)
 // that builds no JSON document, and the checks of each tensor entry. Included by
-// io/formats/safetensors.hpp, which defines TensorInfo, Dtype and st_fail first; do not include directly.
+// io/formats/safetensors.hpp, which defines TensorInfo, Dtype and st_fail first; do not include
+// directly.
 #pragma once
 
 #include <spectral_cond/io/json.hpp>
